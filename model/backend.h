@@ -1,0 +1,66 @@
+// The backend interface the forward graph runs over. A backend owns its activations, KV caches
+// and weights (in whatever form it keeps them); the graph tells it which stage to run for which
+// layer, and reads or writes single rows of a stage's output only when tracing or injecting.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/stages.h"
+
+namespace parity {
+
+// One decode/prefill step: row r is token tokens[r] at absolute position positions[r] of
+// sequence seqs[r]. Rows of one sequence appear in increasing position order; each backend
+// keeps one KV cache per sequence id.
+struct Batch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<int32_t> seqs;
+  int rows() const { return int(tokens.size()); }
+  static Batch single(int32_t token, int32_t pos, int32_t seq = 0) { return {{token}, {pos}, {seq}}; }
+};
+
+// One row of one stage's output, on the host. Real stages are float64 (reference) or float32
+// (every other backend); index stages are int32. dims follow the stage's shape rule.
+struct StageData {
+  enum class Type { F64, F32, I32 };
+  Type type = Type::F64;
+  std::vector<size_t> dims;
+  std::vector<double> f64;
+  std::vector<float> f32;
+  std::vector<int32_t> i32;
+
+  size_t size() const;
+  double at(size_t i) const;         // any type as double
+  void set(size_t i, double value);  // any type, converted
+};
+
+// Dimensions of one row of a stage at a given position (keys = pos + 1 for scores/att).
+std::vector<size_t> stage_dims(const Config& c, Stage s, int pos);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;       // "reference", "cpu-f32", "hip"
+  virtual std::string precision() const = 0;  // human-readable precision policy
+  virtual nlohmann::json facts() const { return nlohmann::json::object(); }  // device, versions
+  virtual const Config& config() const = 0;
+
+  // Validates the batch (token ids, positions, cache order) and makes it current.
+  virtual void begin_step(const Batch& batch) = 0;
+  // Runs one stage for every row of the current batch. Stage semantics, per row:
+  //   scores also appends this step's k_rope and v rows to the sequence's KV cache, so that a
+  //   fault injected into k_rope or v reaches the cache as it would in a real bug.
+  virtual void run(Stage s, int layer) = 0;
+  // Host copy of one row's output of the stage last run for (s, layer) in this step.
+  virtual StageData read(Stage s, int layer, int row) = 0;
+  // Overwrites one row's output (fault injection, replay).
+  virtual void write(Stage s, int layer, int row, const StageData& data) = 0;
+  // Drops every sequence's KV cache.
+  virtual void reset() = 0;
+};
+
+}  // namespace parity

@@ -1,0 +1,187 @@
+#include "model/checkpoint.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "model/error.h"
+#include "model/numerics.h"
+
+namespace parity {
+namespace fs = std::filesystem;
+
+std::string_view expert_layout_name(ExpertLayout l) {
+  return l == ExpertLayout::Mxfp4 ? "mxfp4" : "dense-in-major";
+}
+
+namespace {
+
+bool is_real(DType d) { return d == DType::BF16 || d == DType::F16 || d == DType::F32; }
+
+const TensorView* expect(const TensorStore& s, const std::string& name, std::vector<int64_t> shape,
+                         bool real = true) {
+  const TensorView& t = s.get(name);
+  if (real && !is_real(t.dtype))
+    fail("{}: tensor \"{}\" has dtype {}; expected BF16, F16 or F32", t.file, name, dtype_name(t.dtype));
+  if (!real && t.dtype != DType::U8)
+    fail("{}: tensor \"{}\" has dtype {}; expected U8 (MXFP4 blocks/scales)", t.file, name,
+         dtype_name(t.dtype));
+  if (t.shape != shape) {
+    TensorView want;
+    want.shape = shape;
+    fail("{}: tensor \"{}\" has shape {}; the config implies {}", t.file, name, t.shape_str(),
+         want.shape_str());
+  }
+  return &t;
+}
+
+Linear linear(const TensorStore& s, const std::string& prefix, int out, int in, bool bias) {
+  Linear l;
+  l.out = out;
+  l.in = in;
+  l.weight = expect(s, prefix + ".weight", {out, in});
+  if (bias) l.bias = expect(s, prefix + ".bias", {out});
+  return l;
+}
+
+ExpertLinear expert_linear(const TensorStore& s, const std::string& prefix, ExpertLayout layout,
+                           int E, int out, int in) {
+  ExpertLinear w;
+  w.layout = layout;
+  w.experts = E;
+  w.out = out;
+  w.in = in;
+  if (layout == ExpertLayout::Mxfp4) {
+    if (in % kMxfp4Block != 0)
+      fail("{}: MXFP4 expert input dim {} is not a multiple of 32", s.dir(), in);
+    w.blocks = expect(s, prefix + "_blocks", {E, out, in / kMxfp4Block, kMxfp4BlockBytes}, false);
+    w.scales = expect(s, prefix + "_scales", {E, out, in / kMxfp4Block}, false);
+    for (size_t i = 0; i < w.scales->nbytes; ++i)
+      if (w.scales->data[i] == 0xff)
+        fail("{}: tensor \"{}\" holds scale byte 255 (NaN in E8M0) at element {}", w.scales->file,
+             w.scales->name, i);
+  } else {
+    w.dense = expect(s, prefix, {E, in, out});
+  }
+  w.bias = expect(s, prefix + "_bias", {E, out});
+  return w;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& dir) {
+  auto m = std::make_unique<Model>();
+  m->dir = dir;
+  if (!fs::is_directory(dir)) fail("{}: not a checkpoint directory", dir);
+  m->config = Config::load((fs::path(dir) / "config.json").string());
+  m->store = std::make_unique<TensorStore>(dir);
+  const Config& c = m->config;
+  const TensorStore& s = *m->store;
+  const int H = c.hidden_size, E = c.num_local_experts, I = c.intermediate_size;
+
+  if (s.has("model.layers.0.mlp.experts.gate_up_proj_blocks"))
+    m->expert_layout = ExpertLayout::Mxfp4;
+  else if (s.has("model.layers.0.mlp.experts.gate_up_proj"))
+    m->expert_layout = ExpertLayout::DenseInMajor;
+  else if (s.has("block.0.attn.qkv.weight"))
+    fail("{}: this is the original/ layout (block.N.*); point --model at the Hugging Face "
+         "directory (its parent) instead",
+         dir);
+  else
+    fail("{}: no experts found (expected model.layers.0.mlp.experts.gate_up_proj_blocks or "
+         "model.layers.0.mlp.experts.gate_up_proj)",
+         dir);
+
+  m->embed = expect(s, "model.embed_tokens.weight", {c.vocab_size, H});
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l);
+    LayerWeights w;
+    w.attn_norm = expect(s, p + ".input_layernorm.weight", {H});
+    w.q = linear(s, p + ".self_attn.q_proj", c.q_dim(), H, c.attention_bias);
+    w.k = linear(s, p + ".self_attn.k_proj", c.kv_dim(), H, c.attention_bias);
+    w.v = linear(s, p + ".self_attn.v_proj", c.kv_dim(), H, c.attention_bias);
+    w.o = linear(s, p + ".self_attn.o_proj", H, c.q_dim(), c.attention_bias);
+    w.sinks = expect(s, p + ".self_attn.sinks", {c.num_attention_heads});
+    w.ffn_norm = expect(s, p + ".post_attention_layernorm.weight", {H});
+    w.router = linear(s, p + ".mlp.router", E, H, true);
+    w.mlp1 = expert_linear(s, p + ".mlp.experts.gate_up_proj", m->expert_layout, E, 2 * I, H);
+    w.mlp2 = expert_linear(s, p + ".mlp.experts.down_proj", m->expert_layout, E, H, I);
+    m->layers.push_back(w);
+  }
+  m->final_norm = expect(s, "model.norm.weight", {H});
+  m->lm_head = linear(s, "lm_head", c.vocab_size, H, false);
+  m->fingerprint = s.fingerprint();
+  return m;
+}
+
+size_t Model::weight_bytes() const {
+  size_t n = 0;
+  for (const auto& name : store->names()) n += store->get(name).nbytes;
+  return n;
+}
+
+template <typename T>
+static inline T element(const TensorView& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::BF16: {
+      uint16_t b;
+      std::memcpy(&b, t.data + 2 * i, 2);
+      return T(bf16_to_float(b));
+    }
+    case DType::F16: {
+      uint16_t b;
+      std::memcpy(&b, t.data + 2 * i, 2);
+      return T(f16_to_float(b));
+    }
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, t.data + 4 * i, 4);
+      return T(f);
+    }
+    case DType::F64: {
+      double d;
+      std::memcpy(&d, t.data + 8 * i, 8);
+      return T(d);
+    }
+    default: fail("{}: tensor \"{}\" of dtype {} read as real numbers", t.file, t.name, dtype_name(t.dtype));
+  }
+}
+
+template <typename T>
+void read_vector(const TensorView& t, T* out) {
+  read_row(t, 0, t.numel(), out);
+}
+
+template <typename T>
+void read_row(const TensorView& t, int64_t row, int64_t n, T* out) {
+  const int64_t base = row * n;
+  if (t.dtype == DType::BF16) {
+    const auto* p = reinterpret_cast<const uint16_t*>(t.data) + base;
+    for (int64_t i = 0; i < n; ++i) out[i] = T(bf16_to_float(p[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = element<T>(t, base + i);
+  }
+}
+
+template <typename T>
+void read_expert_row(const ExpertLinear& w, int e, int row, T* out) {
+  if (w.layout == ExpertLayout::Mxfp4) {
+    const int groups = w.in / kMxfp4Block;
+    const size_t r = size_t(e) * size_t(w.out) + size_t(row);
+    decode_mxfp4_row(w.blocks->data + r * size_t(groups) * kMxfp4BlockBytes,
+                     w.scales->data + r * size_t(groups), w.in, out);
+  } else {
+    // [E, in, out]: row `row` of W[e] is column `row` of the stored matrix.
+    const int64_t base = int64_t(e) * w.in * w.out + row;
+    for (int k = 0; k < w.in; ++k) out[k] = element<T>(*w.dense, base + int64_t(k) * w.out);
+  }
+}
+
+#define PARITY_INSTANTIATE(T)                                                    \
+  template void read_vector<T>(const TensorView&, T*);                          \
+  template void read_row<T>(const TensorView&, int64_t, int64_t, T*);           \
+  template void read_expert_row<T>(const ExpertLinear&, int, int, T*);
+PARITY_INSTANTIATE(double)
+PARITY_INSTANTIATE(float)
+#undef PARITY_INSTANTIATE
+
+}  // namespace parity

@@ -1,0 +1,291 @@
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model/error.h"
+
+namespace parity {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::U8: return "U8";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::BF16:
+    case DType::F16: return 2;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F64: return 8;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+
+static bool parse_dtype(const std::string& s, DType* out) {
+  static const std::pair<const char*, DType> table[] = {{"BF16", DType::BF16}, {"F16", DType::F16},
+                                                        {"F32", DType::F32},   {"F64", DType::F64},
+                                                        {"U8", DType::U8},     {"I32", DType::I32}};
+  for (const auto& [n, d] : table)
+    if (s == n) {
+      *out = d;
+      return true;
+    }
+  return false;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail("{}: cannot open ({})", path, std::strerror(errno));
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("{}: cannot stat ({})", path, std::strerror(errno));
+  }
+  size_ = size_t(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    fail("{}: truncated safetensors file ({} bytes; the 8-byte header length is missing)", path, size_);
+  }
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail("{}: mmap failed ({})", path, std::strerror(errno));
+  }
+  try {
+    const auto* base = static_cast<const uint8_t*>(map_);
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
+    if (header_len > size_ - 8)
+      fail("{}: header length {} exceeds the file size {} (truncated or not a safetensors file)",
+           path, header_len, size_);
+    if (header_len > (uint64_t(100) << 20))
+      fail("{}: absurd header length {} (over 100 MB)", path, header_len);
+    json header;
+    try {
+      header = json::parse(reinterpret_cast<const char*>(base + 8),
+                           reinterpret_cast<const char*>(base + 8 + header_len));
+    } catch (const json::parse_error& e) {
+      fail("{}: header is not valid JSON ({})", path, e.what());
+    }
+    if (!header.is_object()) fail("{}: header is not a JSON object", path);
+    const uint8_t* data = base + 8 + header_len;
+    const size_t data_size = size_ - 8 - header_len;
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (it->is_object())
+          for (auto m = it->begin(); m != it->end(); ++m)
+            if (m->is_string()) metadata_[m.key()] = m->get<std::string>();
+        continue;
+      }
+      const json& t = *it;
+      const std::string& name = it.key();
+      if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
+        fail("{}: tensor \"{}\" lacks dtype, shape or data_offsets", path, name);
+      TensorView v;
+      v.name = name;
+      v.file = path;
+      if (!t["dtype"].is_string() || !parse_dtype(t["dtype"].get<std::string>(), &v.dtype))
+        fail("{}: tensor \"{}\" has unsupported dtype {}", path, name, t["dtype"].dump());
+      if (!t["shape"].is_array()) fail("{}: tensor \"{}\" shape is not an array", path, name);
+      for (const auto& d : t["shape"]) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0)
+          fail("{}: tensor \"{}\" has a bad shape {}", path, name, t["shape"].dump());
+        v.shape.push_back(d.get<int64_t>());
+      }
+      const auto& off = t["data_offsets"];
+      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+        fail("{}: tensor \"{}\" has malformed data_offsets {}", path, name, off.dump());
+      const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+      if (b > e || e > data_size)
+        fail("{}: tensor \"{}\" data_offsets [{}, {}] lie past the end of the data ({} bytes)", path,
+             name, b, e, data_size);
+      const size_t expect = size_t(v.numel()) * dtype_size(v.dtype);
+      if (e - b != expect)
+        fail("{}: tensor \"{}\" holds {} bytes but {} {} needs {}", path, name, e - b,
+             dtype_name(v.dtype), v.shape_str(), expect);
+      v.data = data + b;
+      v.nbytes = size_t(e - b);
+      spans.emplace_back(b, e);
+      tensors_.emplace(name, std::move(v));
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      if (spans[i].first < spans[i - 1].second)
+        fail("{}: tensor data ranges overlap at byte {}", path, spans[i].first);
+  } catch (...) {
+    ::munmap(map_, size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+TensorStore::TensorStore(const std::string& dir) : dir_(dir) {
+  if (!fs::is_directory(dir)) fail("{}: not a directory (expected a checkpoint directory)", dir);
+  std::vector<std::string> files;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::parse_error& e) {
+      fail("{}: not valid JSON ({})", index.string(), e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      fail("{}: has no \"weight_map\" object", index.string());
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it->is_string()) fail("{}: weight_map entry \"{}\" is not a file name", index.string(), it.key());
+      weight_map[it.key()] = it->get<std::string>();
+      if (std::find(files.begin(), files.end(), it->get<std::string>()) == files.end())
+        files.push_back(it->get<std::string>());
+    }
+    for (const auto& f : files)
+      if (!fs::exists(fs::path(dir) / f))
+        fail("{}: names shard \"{}\", which is missing from {}", index.string(), f, dir);
+  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    files.push_back("model.safetensors");
+  } else {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty())
+      fail("{}: no model.safetensors, no model.safetensors.index.json and no *.safetensors file", dir);
+  }
+  for (const auto& f : files) {
+    files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / f).string()));
+    for (const auto& [name, view] : files_.back()->tensors()) {
+      if (!weight_map.empty()) {
+        auto w = weight_map.find(name);
+        if (w == weight_map.end() || w->second != f) continue;  // the index decides
+      }
+      if (index_.count(name)) fail("{}: tensor \"{}\" appears in more than one file", dir, name);
+      index_[name] = &view;
+    }
+  }
+  for (const auto& [name, f] : weight_map)
+    if (!index_.count(name))
+      fail("{}: index names tensor \"{}\" in {}, but that file does not hold it", dir, name, f);
+}
+
+const TensorView* TensorStore::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second;
+}
+
+const TensorView& TensorStore::get(const std::string& name) const {
+  const TensorView* v = find(name);
+  if (v == nullptr) fail("{}: missing tensor \"{}\"", dir_, name);
+  return *v;
+}
+
+std::vector<std::string> TensorStore::names() const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : index_) n.push_back(k);
+  return n;
+}
+
+std::string TensorStore::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  for (const auto& [name, v] : index_) {
+    mix(name.data(), name.size());
+    mix(&v->dtype, sizeof(v->dtype));
+    for (auto d : v->shape) mix(&d, sizeof(d));
+    const size_t edge = std::min<size_t>(v->nbytes, 4096);
+    mix(v->data, edge);
+    mix(v->data + v->nbytes - edge, edge);
+    const size_t stride = std::max<size_t>(v->nbytes / 64, 1);
+    for (size_t o = 0; o < v->nbytes; o += stride) mix(v->data + o, std::min<size_t>(64, v->nbytes - o));
+  }
+  return fmt::format("{:016x}", h);
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Decl> decls,
+                                     std::map<std::string, std::string> metadata)
+    : path_(std::move(path)), tmp_(path_ + ".partial") {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t off = 0;
+  for (const auto& d : decls) {
+    size_t n = dtype_size(d.dtype);
+    for (auto s : d.shape) n *= size_t(s);
+    header[d.name] = {{"dtype", dtype_name(d.dtype)}, {"shape", d.shape}, {"data_offsets", {off, off + n}}};
+    off += n;
+  }
+  total_ = off;
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // align the data section to 8 bytes
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (f_ == nullptr) fail("{}: cannot create ({})", tmp_, std::strerror(errno));
+  const uint64_t len = h.size();
+  if (std::fwrite(&len, 8, 1, f_) != 1 || std::fwrite(h.data(), 1, h.size(), f_) != h.size())
+    fail("{}: write failed ({})", tmp_, std::strerror(errno));
+}
+
+void SafetensorsWriter::write(const void* data, size_t nbytes) {
+  if (written_ + nbytes > total_) fail("{}: more bytes written than declared", tmp_);
+  if (std::fwrite(data, 1, nbytes, f_) != nbytes) fail("{}: write failed ({})", tmp_, std::strerror(errno));
+  written_ += nbytes;
+}
+
+void SafetensorsWriter::finish() {
+  if (written_ != total_) fail("{}: {} of {} declared bytes written", tmp_, written_, total_);
+  if (std::fclose(f_) != 0) {
+    f_ = nullptr;
+    fail("{}: close failed ({})", tmp_, std::strerror(errno));
+  }
+  f_ = nullptr;
+  fs::rename(tmp_, path_);
+  finished_ = true;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (f_ != nullptr) std::fclose(f_);
+  if (!finished_) std::remove(tmp_.c_str());
+}
+
+}  // namespace parity
