@@ -1,0 +1,314 @@
+// The CPU backends over the forward graph: CpuBackend<double> is `reference`, CpuBackend<float>
+// is `cpu-f32`. Activations are kept per row of the current batch; the KV cache per sequence.
+#include <omp.h>
+
+#include <array>
+#include <limits>
+#include <map>
+
+#include "model/error.h"
+#include "reference/cpu_backend.h"
+#include "reference/ops.h"
+
+namespace parity {
+namespace {
+
+template <typename T>
+constexpr StageData::Type data_type() {
+  return std::is_same_v<T, double> ? StageData::Type::F64 : StageData::Type::F32;
+}
+
+template <typename T>
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const Model& m) : m_(m), c_(m.config) {
+    const Rope r = Rope::from_config(c_);
+    for (double f : r.inv_freq) inv_freq_.push_back(T(f));
+    concentration_ = T(r.concentration);
+    for (const auto& l : m.layers) {
+      LayerVectors v;
+      v.attn_norm.resize(size_t(c_.hidden_size));
+      v.ffn_norm.resize(size_t(c_.hidden_size));
+      v.sinks.resize(size_t(c_.num_attention_heads));
+      read_vector(*l.attn_norm, v.attn_norm.data());
+      read_vector(*l.ffn_norm, v.ffn_norm.data());
+      read_vector(*l.sinks, v.sinks.data());
+      layer_vectors_.push_back(std::move(v));
+    }
+    final_norm_.resize(size_t(c_.hidden_size));
+    read_vector(*m.final_norm, final_norm_.data());
+  }
+
+  std::string name() const override { return std::is_same_v<T, double> ? "reference" : "cpu-f32"; }
+  std::string precision() const override {
+    return std::is_same_v<T, double>
+               ? "weights exact (BF16/MXFP4 decoded), activations and accumulation in float64"
+               : "weights exact (BF16/MXFP4 decoded), activations and accumulation in float32";
+  }
+  nlohmann::json facts() const override {
+    return {{"device", "cpu"}, {"omp_max_threads", omp_get_max_threads()}};
+  }
+  const Config& config() const override { return c_; }
+
+  void begin_step(const Batch& b) override {
+    if (b.positions.size() != b.tokens.size() || b.seqs.size() != b.tokens.size())
+      fail("batch: tokens, positions and seqs differ in length");
+    if (b.rows() == 0) fail("batch: no tokens");
+    std::map<int, int> next;  // sequence -> next position expected in this batch
+    for (int r = 0; r < b.rows(); ++r) {
+      const int tok = b.tokens[size_t(r)], pos = b.positions[size_t(r)], seq = b.seqs[size_t(r)];
+      if (tok < 0 || tok >= c_.vocab_size)
+        fail("token id {} out of range: the model's vocabulary has {} entries (0..{})", tok,
+             c_.vocab_size, c_.vocab_size - 1);
+      if (pos < 0 || pos >= c_.max_position_embeddings)
+        fail("position {} out of range: the model's context is {} positions (0..{})", pos,
+             c_.max_position_embeddings, c_.max_position_embeddings - 1);
+      auto it = next.find(seq);
+      const int expected = it != next.end() ? it->second : cached(seq);
+      if (it == next.end() && pos <= expected) {
+        truncate(seq, pos);  // re-running from an earlier position drops the later cache
+      } else if (pos != expected) {
+        fail("sequence {}: position {} does not follow position {} (positions must be "
+             "contiguous from 0)",
+             seq, pos, expected - 1);
+      }
+      next[seq] = pos + 1;
+    }
+    batch_ = b;
+    for (auto& rows : out_) rows.assign(size_t(b.rows()), {});
+    for (auto& idx : topk_idx_) idx.clear();
+    topk_idx_.assign(size_t(b.rows()), {});
+  }
+
+  void run(Stage s, int layer) override {
+    const int B = batch_.rows();
+    const int H = c_.hidden_size, d = c_.head_dim, nH = c_.num_attention_heads,
+              nKV = c_.num_key_value_heads, k = c_.num_experts_per_tok, I = c_.intermediate_size;
+    const LayerWeights* lw = layer >= 0 ? &m_.layers[size_t(layer)] : nullptr;
+    const LayerVectors* lv = layer >= 0 ? &layer_vectors_[size_t(layer)] : nullptr;
+    switch (s) {
+      case Stage::embedding:
+        for (int r = 0; r < B; ++r) ref::embedding(*m_.embed, batch_.tokens[size_t(r)], alloc(s, r, H));
+        break;
+      case Stage::attn_norm:
+        for (int r = 0; r < B; ++r)
+          ref::rmsnorm(residual(layer, r), lv->attn_norm.data(), H, c_.rms_norm_eps, alloc(s, r, H));
+        break;
+      case Stage::qkv: {
+        // q, k and v projections written side by side: [q (nH d) | k (nKV d) | v (nKV d)].
+        const int qd = c_.q_dim(), kvd = c_.kv_dim();
+        std::vector<T> x = gather(Stage::attn_norm, H), yq(size_t(B) * qd), yk(size_t(B) * kvd),
+                       yv(size_t(B) * kvd);
+        ref::linear(lw->q, x.data(), B, yq.data());
+        ref::linear(lw->k, x.data(), B, yk.data());
+        ref::linear(lw->v, x.data(), B, yv.data());
+        for (int r = 0; r < B; ++r) {
+          T* o = alloc(s, r, c_.qkv_dim());
+          std::copy_n(yq.data() + size_t(r) * qd, qd, o);
+          std::copy_n(yk.data() + size_t(r) * kvd, kvd, o + qd);
+          std::copy_n(yv.data() + size_t(r) * kvd, kvd, o + qd + kvd);
+        }
+        break;
+      }
+      case Stage::q_rope:
+        for (int r = 0; r < B; ++r) {
+          T* q = alloc(s, r, nH * d);
+          std::copy_n(get(Stage::qkv, r), nH * d, q);
+          ref::rope(q, nH, d, batch_.positions[size_t(r)], inv_freq_, concentration_);
+        }
+        break;
+      case Stage::k_rope:
+        for (int r = 0; r < B; ++r) {
+          T* kk = alloc(s, r, nKV * d);
+          std::copy_n(get(Stage::qkv, r) + nH * d, nKV * d, kk);
+          ref::rope(kk, nKV, d, batch_.positions[size_t(r)], inv_freq_, concentration_);
+        }
+        break;
+      case Stage::v:
+        for (int r = 0; r < B; ++r)
+          std::copy_n(get(Stage::qkv, r) + (nH + nKV) * d, nKV * d, alloc(s, r, nKV * d));
+        break;
+      case Stage::scores:
+        for (int r = 0; r < B; ++r) {  // the cache write: every row of the step first
+          Cache& cache = caches_[batch_.seqs[size_t(r)]];
+          const size_t at = size_t(batch_.positions[size_t(r)]) * nKV * d;
+          auto& kc = cache.k[size_t(layer)];
+          auto& vc = cache.v[size_t(layer)];
+          if (kc.size() < at + size_t(nKV * d)) kc.resize(at + size_t(nKV * d));
+          if (vc.size() < at + size_t(nKV * d)) vc.resize(at + size_t(nKV * d));
+          std::copy_n(get(Stage::k_rope, r), nKV * d, kc.begin() + long(at));
+          std::copy_n(get(Stage::v, r), nKV * d, vc.begin() + long(at));
+        }
+        for (int r = 0; r < B; ++r) {
+          const int pos = batch_.positions[size_t(r)];
+          const int window = c_.sliding(layer) ? c_.sliding_window : 0;
+          ref::attention_scores(get(Stage::q_rope, r), caches_[batch_.seqs[size_t(r)]].k[size_t(layer)].data(),
+                                lv->sinks.data(), nH, nKV, d, pos, window, alloc(s, r, nH * (pos + 2)));
+        }
+        break;
+      case Stage::att:
+        for (int r = 0; r < B; ++r) {
+          const int cols = batch_.positions[size_t(r)] + 2;
+          ref::softmax_with_sink(get(Stage::scores, r), nH, cols, alloc(s, r, nH * cols));
+        }
+        break;
+      case Stage::attn_out:
+        for (int r = 0; r < B; ++r)
+          ref::attention_output(get(Stage::att, r), caches_[batch_.seqs[size_t(r)]].v[size_t(layer)].data(), nH,
+                                nKV, d, batch_.positions[size_t(r)], alloc(s, r, nH * d));
+        break;
+      case Stage::o_proj: project(lw->o, Stage::attn_out, s); break;
+      case Stage::resid_attn:
+        for (int r = 0; r < B; ++r) add(residual(layer, r), get(Stage::o_proj, r), H, alloc(s, r, H));
+        break;
+      case Stage::ffn_norm:
+        for (int r = 0; r < B; ++r)
+          ref::rmsnorm(get(Stage::resid_attn, r), lv->ffn_norm.data(), H, c_.rms_norm_eps, alloc(s, r, H));
+        break;
+      case Stage::router: project(lw->router, Stage::ffn_norm, s); break;
+      case Stage::topk_idx:
+        for (int r = 0; r < B; ++r) {
+          topk_idx_[size_t(r)].resize(size_t(k));
+          ref::router_topk(get(Stage::router, r), c_.num_local_experts, k, topk_idx_[size_t(r)].data());
+        }
+        break;
+      case Stage::topk_w:
+        for (int r = 0; r < B; ++r)
+          ref::topk_softmax(get(Stage::router, r), topk_idx_[size_t(r)].data(), k, alloc(s, r, k));
+        break;
+      case Stage::mlp1:
+        for (int r = 0; r < B; ++r) {
+          T* h = alloc(s, r, k * 2 * I);
+          for (int slot = 0; slot < k; ++slot)
+            ref::expert_linear(lw->mlp1, expert(r, slot), get(Stage::ffn_norm, r), h + size_t(slot) * 2 * I);
+        }
+        break;
+      case Stage::swiglu:
+        for (int r = 0; r < B; ++r) {
+          T* a = alloc(s, r, k * I);
+          for (int slot = 0; slot < k; ++slot)
+            ref::swiglu(get(Stage::mlp1, r) + size_t(slot) * 2 * I, I, T(c_.swiglu_alpha),
+                        T(c_.swiglu_limit), a + size_t(slot) * I);
+        }
+        break;
+      case Stage::mlp2:
+        for (int r = 0; r < B; ++r) {
+          T* y = alloc(s, r, k * H);
+          for (int slot = 0; slot < k; ++slot)
+            ref::expert_linear(lw->mlp2, expert(r, slot), get(Stage::swiglu, r) + size_t(slot) * I,
+                               y + size_t(slot) * H);
+        }
+        break;
+      case Stage::moe_out:
+        for (int r = 0; r < B; ++r) ref::moe_sum(get(Stage::topk_w, r), get(Stage::mlp2, r), k, H, alloc(s, r, H));
+        break;
+      case Stage::resid_ffn:
+        for (int r = 0; r < B; ++r) add(get(Stage::resid_attn, r), get(Stage::moe_out, r), H, alloc(s, r, H));
+        break;
+      case Stage::final_norm:
+        for (int r = 0; r < B; ++r)
+          ref::rmsnorm(get(Stage::resid_ffn, r), final_norm_.data(), H, c_.rms_norm_eps, alloc(s, r, H));
+        break;
+      case Stage::logits: project(m_.lm_head, Stage::final_norm, s); break;
+    }
+  }
+
+  StageData read(Stage s, int /*layer*/, int row) override {
+    StageData d;
+    d.dims = stage_dims(c_, s, batch_.positions[size_t(row)]);
+    if (info(s).kind == ValueKind::Index) {
+      d.type = StageData::Type::I32;
+      d.i32 = topk_idx_[size_t(row)];
+      return d;
+    }
+    d.type = data_type<T>();
+    const auto& v = out_[size_t(s)][size_t(row)];
+    if constexpr (std::is_same_v<T, double>) d.f64 = v;
+    else d.f32 = v;
+    return d;
+  }
+
+  void write(Stage s, int /*layer*/, int row, const StageData& d) override {
+    if (info(s).kind == ValueKind::Index) {
+      if (d.size() != topk_idx_[size_t(row)].size()) fail("write {}: wrong size", parity::name(s));
+      for (size_t i = 0; i < d.size(); ++i) {
+        const double e = d.at(i);
+        if (e < 0 || e >= c_.num_local_experts) fail("write {}: expert {} out of range", parity::name(s), e);
+        topk_idx_[size_t(row)][i] = int32_t(e);
+      }
+      return;
+    }
+    auto& v = out_[size_t(s)][size_t(row)];
+    if (d.size() != v.size()) fail("write {}: {} values for a row of {}", parity::name(s), d.size(), v.size());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = T(d.at(i));
+  }
+
+  void reset() override { caches_.clear(); }
+
+ private:
+  struct LayerVectors {
+    std::vector<T> attn_norm, ffn_norm, sinks;
+  };
+  struct Cache {  // [pos][nKV][d] per layer, rotated keys and raw values
+    std::vector<std::vector<T>> k, v;
+  };
+
+  T* alloc(Stage s, int r, int n) {
+    auto& v = out_[size_t(s)][size_t(r)];
+    v.assign(size_t(n), T(0));
+    return v.data();
+  }
+  const T* get(Stage s, int r) const { return out_[size_t(s)][size_t(r)].data(); }
+  const T* residual(int layer, int r) const {
+    return get(layer == 0 ? Stage::embedding : Stage::resid_ffn, r);
+  }
+  int expert(int r, int slot) const { return topk_idx_[size_t(r)][size_t(slot)]; }
+  std::vector<T> gather(Stage s, int n) const {
+    std::vector<T> x(size_t(batch_.rows()) * n);
+    for (int r = 0; r < batch_.rows(); ++r) std::copy_n(get(s, r), n, x.data() + size_t(r) * n);
+    return x;
+  }
+  void project(const Linear& w, Stage in, Stage out) {
+    std::vector<T> x = gather(in, w.in), y(size_t(batch_.rows()) * w.out);
+    ref::linear(w, x.data(), batch_.rows(), y.data());
+    for (int r = 0; r < batch_.rows(); ++r)
+      std::copy_n(y.data() + size_t(r) * w.out, w.out, alloc(out, r, w.out));
+  }
+  static void add(const T* a, const T* b, int n, T* y) {
+    for (int i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  }
+  int cached(int seq) {
+    auto it = caches_.find(seq);
+    if (it == caches_.end()) return 0;
+    return int(it->second.k[0].size() / size_t(c_.kv_dim()));
+  }
+  void truncate(int seq, int pos) {
+    Cache& c = caches_[seq];
+    c.k.resize(size_t(c_.num_hidden_layers));
+    c.v.resize(size_t(c_.num_hidden_layers));
+    for (auto& k : c.k) k.resize(std::min(k.size(), size_t(pos) * c_.kv_dim()));
+    for (auto& v : c.v) v.resize(std::min(v.size(), size_t(pos) * c_.kv_dim()));
+  }
+
+  const Model& m_;
+  const Config& c_;
+  std::vector<T> inv_freq_;
+  T concentration_;
+  std::vector<LayerVectors> layer_vectors_;
+  std::vector<T> final_norm_;
+  Batch batch_;
+  std::array<std::vector<std::vector<T>>, kNumStages> out_;
+  std::vector<std::vector<int32_t>> topk_idx_;
+  std::map<int, Cache> caches_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_reference_backend(const Model& m) {
+  return std::make_unique<CpuBackend<double>>(m);
+}
+std::unique_ptr<Backend> make_cpu_f32_backend(const Model& m) {
+  return std::make_unique<CpuBackend<float>>(m);
+}
+
+}  // namespace parity
