@@ -1,0 +1,610 @@
+// Tests of the differ, the tolerance profiles, the reports and the parity-diff tool: metrics on
+// hand-computed cases, non-finite handling, missing datasets, first-divergence order, routing
+// flips, refusal of mismatched models, and the tool's exit codes 0/1/2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "model/error.h"
+#include "tracer/differ.h"
+#include "tracer/profiles.h"
+#include "tracer/report.h"
+#include "tracer/trace_file.h"
+
+namespace parity {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Config diff_config(int hidden = 8) {
+  Config c;
+  c.vocab_size = 16;
+  c.hidden_size = hidden;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 4;
+  c.num_local_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.sliding_window = 4;
+  c.layer_is_sliding = {true, false};
+  c.validate("differ test config");
+  return c;
+}
+
+TraceMeta meta_for(const Config& c, const std::string& backend) {
+  TraceMeta m;
+  m.backend = backend;
+  m.precision = backend == "reference" ? "float64" : "float32";
+  m.config = c.to_json();
+  m.fingerprint = "fingerprint-1";
+  m.tokens = {1, 2};
+  m.positions = {0, 1};
+  m.created = "2024-01-01T00:00:00Z";
+  return m;
+}
+
+StageData f64(std::vector<double> v, std::vector<size_t> dims = {}) {
+  StageData d;
+  d.type = StageData::Type::F64;
+  d.dims = dims.empty() ? std::vector<size_t>{v.size()} : dims;
+  d.f64 = std::move(v);
+  return d;
+}
+
+StageData f32(const std::vector<double>& v, std::vector<size_t> dims = {}) {
+  StageData d;
+  d.type = StageData::Type::F32;
+  d.dims = dims.empty() ? std::vector<size_t>{v.size()} : dims;
+  for (double x : v) d.f32.push_back(float(x));
+  return d;
+}
+
+StageData i32(std::vector<int32_t> v) {
+  StageData d;
+  d.type = StageData::Type::I32;
+  d.dims = {v.size()};
+  d.i32 = std::move(v);
+  return d;
+}
+
+struct Row {
+  int position;
+  int layer;
+  Stage stage;
+  StageData data;
+};
+
+void write_trace(const std::string& path, const Config& c, const TraceMeta& meta,
+                 const std::vector<Row>& rows) {
+  TraceWriter w(path, meta);
+  for (const Row& r : rows)
+    w.record({r.position, r.layer, r.stage, execution_order(c, r.layer, r.stage)}, r.data);
+  w.finish();
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() / fmt::format("parity-differ-test-{}-{}", ::getpid(), counter++);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+template <typename F>
+void expect_error(F&& body, std::initializer_list<std::string> parts) {
+  try {
+    body();
+    ADD_FAILURE() << "expected parity::Error";
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+const DatasetDiff& dataset(const DiffResult& r, const std::string& path) {
+  for (const auto& d : r.datasets)
+    if (d.path == path) return d;
+  throw std::runtime_error("no dataset " + path + " in the diff result");
+}
+
+// ---- metrics on hand-computed cases --------------------------------------------------------
+
+TEST(CompareValues, HandComputedMetrics) {
+  // a = candidate, b = reference. Differences 0, 0.5, 0, 1; relative 0, 1, 0, 0.1.
+  const StageData a = f64({1.0, 1.0, 3.0, 11.0});
+  const StageData b = f64({1.0, 0.5, 3.0, 10.0});
+  const ValueComparison v = compare_values(a, b, {0.1, 0.01}, 10);
+  EXPECT_EQ(v.elements, 4u);
+  EXPECT_DOUBLE_EQ(v.max_abs_err, 1.0);
+  EXPECT_EQ(v.max_abs_index, 3u);
+  EXPECT_DOUBLE_EQ(v.max_rel_err, 1.0);
+  EXPECT_EQ(v.max_rel_index, 1u);
+  // Bounds 0.11, 0.105, 0.13, 0.2: elements 1 and 3 fail, using 0.5/0.105 and 1/0.2.
+  EXPECT_EQ(v.mismatches, 2u);
+  EXPECT_DOUBLE_EQ(v.tolerance_used, 5.0);
+  EXPECT_EQ(v.nonfinite_mismatches, 0u);
+  ASSERT_TRUE(v.first_mismatch);
+  EXPECT_EQ(v.first_mismatch->index, 1u);
+  EXPECT_DOUBLE_EQ(v.first_mismatch->a, 1.0);
+  EXPECT_DOUBLE_EQ(v.first_mismatch->b, 0.5);
+  ASSERT_EQ(v.listed.size(), 2u);
+  EXPECT_EQ(v.listed[1].index, 3u);
+  // dot 120.5, |a|^2 132, |b|^2 110.25; sum of squared errors 1.25.
+  EXPECT_NEAR(v.cosine, 120.5 / std::sqrt(132.0 * 110.25), 1e-15);
+  EXPECT_NEAR(v.nmse, 1.25 / 110.25, 1e-15);
+  EXPECT_GT(v.max_ulp, 0u);
+
+  const ValueComparison listed_one = compare_values(a, b, {0.1, 0.01}, 1);
+  EXPECT_EQ(listed_one.mismatches, 2u);
+  EXPECT_EQ(listed_one.listed.size(), 1u);
+}
+
+TEST(CompareValues, IdenticalAndZeroRows) {
+  const ValueComparison same = compare_values(f64({1, -2, 3}), f32({1, -2, 3}), {0, 0}, 10);
+  EXPECT_EQ(same.mismatches, 0u);
+  EXPECT_EQ(same.max_abs_err, 0.0);
+  EXPECT_EQ(same.max_ulp, 0u);
+  EXPECT_DOUBLE_EQ(same.cosine, 1.0);
+  EXPECT_EQ(same.nmse, 0.0);
+  EXPECT_EQ(same.tolerance_used, 0.0);
+
+  const ValueComparison zeros = compare_values(f64({0, 0}), f64({0, 0}), {1e-5, 1e-4}, 10);
+  EXPECT_DOUBLE_EQ(zeros.cosine, 1.0);
+  EXPECT_EQ(zeros.nmse, 0.0);
+
+  // Reference all zero, candidate not: cosine 0, NMSE and relative error infinite.
+  const ValueComparison off = compare_values(f64({1e-3, 0}), f64({0, 0}), {1e-2, 0}, 10);
+  EXPECT_EQ(off.mismatches, 0u);  // within atol
+  EXPECT_EQ(off.cosine, 0.0);
+  EXPECT_TRUE(std::isinf(off.nmse));
+  EXPECT_TRUE(std::isinf(off.max_rel_err));
+  EXPECT_EQ(off.max_rel_index, 0u);
+}
+
+TEST(CompareValues, UlpDistanceInFloat32) {
+  const float one = 1.0f;
+  const float next = std::nextafter(one, 2.0f);
+  const float next2 = std::nextafter(next, 2.0f);
+  EXPECT_EQ(ulp_distance(one, one), 0u);
+  EXPECT_EQ(ulp_distance(one, next2), 2u);
+  EXPECT_EQ(ulp_distance(next2, one), 2u);
+  EXPECT_EQ(ulp_distance(0.0f, -0.0f), 0u);
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(ulp_distance(-tiny, tiny), 2u);
+  const ValueComparison v = compare_values(f64({1.0, 2.0}), f32({double(next2), 2.0}), {1, 0}, 10);
+  EXPECT_EQ(v.max_ulp, 2u);
+  // Non-finite pairs are skipped for ULP.
+  const ValueComparison inf = compare_values(f64({-kInf, 1.0}), f64({-kInf, 1.0}), {0, 0}, 10);
+  EXPECT_EQ(inf.max_ulp, 0u);
+}
+
+TEST(CompareValues, NanAgainstANumberAlwaysFails) {
+  const ValueComparison v = compare_values(f64({1.0, kNaN}), f64({1.0, 2.0}), {1e9, 1e9}, 10);
+  EXPECT_EQ(v.mismatches, 1u);
+  EXPECT_EQ(v.nonfinite_mismatches, 1u);
+  EXPECT_TRUE(std::isinf(v.tolerance_used));
+  ASSERT_TRUE(v.first_mismatch);
+  EXPECT_EQ(v.first_mismatch->index, 1u);
+  EXPECT_TRUE(std::isnan(v.first_mismatch->a));
+  // Metrics over the finite pairs only.
+  EXPECT_EQ(v.max_abs_err, 0.0);
+  EXPECT_DOUBLE_EQ(v.cosine, 1.0);
+
+  EXPECT_EQ(compare_values(f64({kNaN}), f64({kNaN}), {1, 1}, 10).mismatches, 1u);
+  EXPECT_EQ(compare_values(f64({kInf}), f64({1.0}), {1e9, 1e9}, 10).nonfinite_mismatches, 1u);
+  EXPECT_EQ(compare_values(f64({kInf}), f64({-kInf}), {1e9, 1e9}, 10).mismatches, 1u);
+}
+
+TEST(CompareValues, MaskedMinusInfinityOnBothSidesPasses) {
+  const ValueComparison v =
+      compare_values(f32({0.5, -kInf, 0.25}), f64({0.5, -kInf, 0.25}), {1e-5, 1e-4}, 10);
+  EXPECT_EQ(v.mismatches, 0u);
+  EXPECT_EQ(v.nonfinite_mismatches, 0u);
+  EXPECT_EQ(v.tolerance_used, 0.0);
+  EXPECT_EQ(compare_values(f32({-kInf}), f64({-1e30}), {1e-5, 1e-4}, 10).mismatches, 1u);
+}
+
+// ---- profiles ------------------------------------------------------------------------------
+
+TEST(Profiles, NamedProfilesComeFromTheTable) {
+  for (const auto& p : kToleranceProfiles) {
+    const Tolerance t = tolerance_profile(p.name);
+    EXPECT_EQ(t.name, p.name);
+    EXPECT_EQ(t.base, p.base);
+  }
+  EXPECT_EQ(tolerance_profile("fp32").base, (AbsRel{1e-5, 1e-4}));
+  EXPECT_EQ(tolerance_profile("bf16").base, (AbsRel{1e-2, 1.6e-2}));
+  EXPECT_EQ(tolerance_profile("mxfp4").base, (AbsRel{5e-2, 5e-2}));
+  expect_error([] { (void)tolerance_profile("fp8"); }, {"fp8", "fp32, bf16, mxfp4"});
+  expect_error([] { (void)Tolerance::absolute_relative(-1, 0); }, {"atol"});
+  expect_error([] { (void)Tolerance::absolute_relative(0, kNaN); }, {"rtol"});
+}
+
+TEST(Profiles, PerStageOverrides) {
+  Tolerance t = tolerance_profile("fp32");
+  const auto [stage, tol] = parse_stage_tolerance("logits=1e-3,2e-3");
+  EXPECT_EQ(stage, Stage::logits);
+  t.set_override(stage, tol);
+  EXPECT_EQ(t.for_stage(Stage::logits), (AbsRel{1e-3, 2e-3}));
+  EXPECT_EQ(t.for_stage(Stage::qkv), (AbsRel{1e-5, 1e-4}));
+  EXPECT_EQ(t.to_json()["overrides"]["logits"]["rtol"].get<double>(), 2e-3);
+  expect_error([] { (void)parse_stage_tolerance("nosuchstage=1,1"); }, {"nosuchstage"});
+  expect_error([] { (void)parse_stage_tolerance("logits=1"); }, {"STAGE=ATOL,RTOL"});
+  expect_error([] { (void)parse_stage_tolerance("logits=x,1"); }, {"\"x\""});
+}
+
+// ---- traces --------------------------------------------------------------------------------
+
+class DiffTraces : public ::testing::Test {
+ protected:
+  Config c = diff_config();
+  TempDir dir;
+  std::string a_path = dir.file("candidate.h5");
+  std::string b_path = dir.file("reference.h5");
+
+  DiffResult diff(const std::vector<Row>& a_rows, const std::vector<Row>& b_rows,
+                  const Tolerance& tol = tolerance_profile("fp32")) {
+    write_trace(a_path, c, meta_for(c, "cpu-f32"), a_rows);
+    write_trace(b_path, c, meta_for(c, "reference"), b_rows);
+    const TraceReader a(a_path), b(b_path);
+    return diff_traces(a, b, tol);
+  }
+};
+
+TEST_F(DiffTraces, WithinTolerancePasses) {
+  const std::vector<double> v = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  const DiffResult r = diff({{0, kModelLayer, Stage::embedding, f32(v)}},
+                            {{0, kModelLayer, Stage::embedding, f64(v)}});
+  EXPECT_FALSE(r.diverged());
+  ASSERT_EQ(r.datasets.size(), 1u);
+  EXPECT_EQ(r.datasets[0].status, DatasetStatus::Pass);
+  EXPECT_EQ(r.a.backend, "cpu-f32");
+  EXPECT_EQ(r.b.backend, "reference");
+  EXPECT_EQ(r.num_layers, 2);
+  EXPECT_NE(verdict_line(r).find("PASS"), std::string::npos);
+}
+
+TEST_F(DiffTraces, MissingDatasetsAreExplicitFailures) {
+  const StageData e = f64(std::vector<double>(8, 1.0));
+  const DiffResult r = diff({{0, kModelLayer, Stage::embedding, e}, {0, 0, Stage::attn_norm, e}},
+                            {{0, kModelLayer, Stage::embedding, e}, {0, 1, Stage::attn_norm, e}});
+  EXPECT_TRUE(r.diverged());
+  EXPECT_EQ(dataset(r, "/pos_0/layer_0/attn_norm").status, DatasetStatus::MissingInB);
+  EXPECT_EQ(dataset(r, "/pos_0/layer_1/attn_norm").status, DatasetStatus::MissingInA);
+  EXPECT_EQ(r.failed_datasets(), 2u);
+  ASSERT_TRUE(r.first_divergence);
+  EXPECT_EQ(r.first_divergence->path, "/pos_0/layer_0/attn_norm");
+  EXPECT_EQ(r.first_divergence->status, DatasetStatus::MissingInB);
+  EXPECT_FALSE(r.first_divergence->element);
+  const nlohmann::json j = report_json(r);
+  EXPECT_EQ(j["first_divergence"]["status"], "missing_in_b");
+  EXPECT_TRUE(j["first_divergence"]["index"].is_null());
+  EXPECT_NE(report_text(r).find("missing in A"), std::string::npos);
+}
+
+TEST_F(DiffTraces, ShapeMismatchFails) {
+  const DiffResult r = diff({{0, kModelLayer, Stage::embedding, f64({1, 2, 3, 4}, {2, 2})}},
+                            {{0, kModelLayer, Stage::embedding, f64({1, 2, 3, 4})}});
+  EXPECT_TRUE(r.diverged());
+  EXPECT_EQ(r.datasets[0].status, DatasetStatus::ShapeMismatch);
+  EXPECT_NE(verdict_line(r).find("[2, 2] in A but [4] in B"), std::string::npos) << verdict_line(r);
+}
+
+TEST_F(DiffTraces, FirstDivergenceFollowsExecutionOrderNotWriteOrder) {
+  const StageData ref = f64(std::vector<double>(8, 1.0));
+  const StageData bad = f64({1, 1, 1, 2, 1, 1, 1, 1});
+  // The later stage (layer 1 qkv... here resid_ffn of layer 1, and position 1) is written first.
+  const DiffResult r = diff(
+      {{1, kModelLayer, Stage::embedding, bad},
+       {0, 1, Stage::resid_ffn, bad},
+       {0, 0, Stage::o_proj, bad},
+       {0, kModelLayer, Stage::embedding, ref}},
+      {{0, kModelLayer, Stage::embedding, ref},
+       {0, 0, Stage::o_proj, ref},
+       {0, 1, Stage::resid_ffn, ref},
+       {1, kModelLayer, Stage::embedding, ref}});
+  ASSERT_TRUE(r.first_divergence);
+  const FirstDivergence& f = *r.first_divergence;
+  EXPECT_EQ(f.path, "/pos_0/layer_0/o_proj");
+  EXPECT_EQ(f.position, 0);
+  EXPECT_EQ(f.layer, 0);
+  EXPECT_EQ(f.stage, Stage::o_proj);
+  EXPECT_FALSE(f.expert);
+  ASSERT_TRUE(f.element);
+  EXPECT_EQ(f.element->index, 3u);
+  EXPECT_DOUBLE_EQ(f.element->a, 2.0);
+  EXPECT_DOUBLE_EQ(f.element->b, 1.0);
+  EXPECT_DOUBLE_EQ(f.element->abs_err, 1.0);
+  EXPECT_DOUBLE_EQ(f.element->rel_err, 1.0);
+  EXPECT_EQ(r.failed_datasets(), 3u);
+  // Datasets are listed in (position, order).
+  for (size_t i = 1; i < r.datasets.size(); ++i)
+    EXPECT_LE(std::tie(r.datasets[i - 1].key.position, r.datasets[i - 1].key.order),
+              std::tie(r.datasets[i].key.position, r.datasets[i].key.order));
+}
+
+TEST_F(DiffTraces, RoutingFlipReportsTheReferenceMargin) {
+  // Reference router: top-2 are experts 1 (2.0) and 3 (1.9); the 3rd largest is 1.0.
+  const StageData router = f64({0.5, 2.0, 1.0, 1.9});
+  const DiffResult r = diff(
+      {{0, 1, Stage::router, f32({0.5, 2.0, 1.0, 1.9})}, {0, 1, Stage::topk_idx, i32({1, 2})}},
+      {{0, 1, Stage::router, router}, {0, 1, Stage::topk_idx, i32({1, 3})}});
+  const DatasetDiff& d = dataset(r, "/pos_0/layer_1/topk_idx");
+  EXPECT_EQ(d.status, DatasetStatus::Fail);
+  EXPECT_EQ(d.values.mismatches, 1u);
+  ASSERT_TRUE(d.routing);
+  EXPECT_EQ(d.routing->slots, 1u);
+  EXPECT_FALSE(d.routing->same_set);
+  ASSERT_TRUE(d.routing->margin);
+  EXPECT_NEAR(*d.routing->margin, 0.9, 1e-12);
+  ASSERT_TRUE(r.first_divergence);
+  EXPECT_EQ(r.first_divergence->stage, Stage::topk_idx);
+  ASSERT_TRUE(r.first_divergence->element);
+  EXPECT_EQ(r.first_divergence->element->index, 1u);
+  EXPECT_EQ(r.first_divergence->element->a, 2.0);
+  EXPECT_EQ(r.first_divergence->element->b, 3.0);
+
+  const nlohmann::json j = report_json(r);
+  const auto& jd = j["datasets"][1];
+  EXPECT_EQ(jd["stage"], "topk_idx");
+  EXPECT_EQ(jd["routing_flip"]["slots"], 1);
+  EXPECT_NEAR(jd["routing_flip"]["margin"].get<double>(), 0.9, 1e-12);
+  EXPECT_TRUE(jd["max_abs_err"].is_null());  // decisions: mismatches only
+  EXPECT_EQ(jd["mismatches"], 1);
+  EXPECT_TRUE(j["first_divergence"]["abs_err"].is_null());
+  EXPECT_NE(verdict_line(r).find("routing flip"), std::string::npos) << verdict_line(r);
+
+  // The same experts in another order is still a flip, reported as such.
+  const DiffResult reordered = diff({{0, 1, Stage::topk_idx, i32({3, 1})}},
+                                    {{0, 1, Stage::router, router}, {0, 1, Stage::topk_idx, i32({1, 3})}});
+  const DatasetDiff& d2 = dataset(reordered, "/pos_0/layer_1/topk_idx");
+  ASSERT_TRUE(d2.routing);
+  EXPECT_EQ(d2.routing->slots, 2u);
+  EXPECT_TRUE(d2.routing->same_set);
+}
+
+TEST_F(DiffTraces, ExpertStagesNameTheReferenceExpert) {
+  const size_t I2 = 2 * size_t(c.intermediate_size);
+  std::vector<double> ref(2 * I2, 0.5), cand = ref;
+  cand[I2 + 2] = 9.0;  // slot 1, column 2
+  const DiffResult r = diff(
+      {{0, 0, Stage::topk_idx, i32({2, 0})}, {0, 0, Stage::mlp1, f32(cand, {2, I2})}},
+      {{0, 0, Stage::topk_idx, i32({2, 0})}, {0, 0, Stage::mlp1, f64(ref, {2, I2})}});
+  ASSERT_TRUE(r.first_divergence);
+  EXPECT_EQ(r.first_divergence->stage, Stage::mlp1);
+  ASSERT_TRUE(r.first_divergence->expert);
+  EXPECT_EQ(*r.first_divergence->expert, 0);
+  EXPECT_EQ(r.first_divergence->element->index, I2 + 2);
+  EXPECT_EQ(dataset(r, "/pos_0/layer_0/mlp1").slot_experts, (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(report_json(r)["first_divergence"]["expert"], 0);
+  EXPECT_NE(verdict_line(r).find("(expert 0)"), std::string::npos) << verdict_line(r);
+  EXPECT_NE(report_text(r).find("[ 1 2 ]"), std::string::npos);
+}
+
+TEST_F(DiffTraces, PerStageOverrideLoosensOneStage) {
+  const StageData ref = f64(std::vector<double>(8, 1.0));
+  const StageData off = f64(std::vector<double>(8, 1.001));
+  const std::vector<Row> a = {{0, kModelLayer, Stage::embedding, off}, {0, 0, Stage::attn_norm, off}};
+  const std::vector<Row> b = {{0, kModelLayer, Stage::embedding, ref}, {0, 0, Stage::attn_norm, ref}};
+  Tolerance tol = tolerance_profile("fp32");
+  tol.set_override(Stage::embedding, {1e-2, 0});
+  const DiffResult r = diff(a, b, tol);
+  EXPECT_EQ(dataset(r, "/pos_0/model/embedding").status, DatasetStatus::Pass);
+  EXPECT_EQ(dataset(r, "/pos_0/layer_0/attn_norm").status, DatasetStatus::Fail);
+  EXPECT_EQ(r.first_divergence->stage, Stage::attn_norm);
+  EXPECT_FALSE(diff(a, b, tolerance_profile("bf16")).diverged());
+}
+
+TEST_F(DiffTraces, RefusesTracesOfDifferentModels) {
+  const std::vector<Row> rows = {{0, kModelLayer, Stage::embedding, f64(std::vector<double>(8, 1.0))}};
+  write_trace(a_path, c, meta_for(c, "cpu-f32"), rows);
+  const Config other = diff_config(16);
+  write_trace(b_path, other, meta_for(other, "reference"),
+              {{0, kModelLayer, Stage::embedding, f64(std::vector<double>(16, 1.0))}});
+  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), tolerance_profile("fp32")); },
+               {a_path, b_path, "different models", "hidden_size"});
+
+  TraceMeta other_checkpoint = meta_for(c, "reference");
+  other_checkpoint.fingerprint = "fingerprint-2";
+  write_trace(b_path, c, other_checkpoint, rows);
+  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), tolerance_profile("fp32")); },
+               {a_path, b_path, "fingerprint-1", "fingerprint-2"});
+
+  TraceMeta other_tokens = meta_for(c, "reference");
+  other_tokens.tokens = {1, 3};
+  write_trace(b_path, c, other_tokens, rows);
+  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), tolerance_profile("fp32")); },
+               {a_path, b_path, "different tokens", "position 1"});
+}
+
+// ---- reports -------------------------------------------------------------------------------
+
+TEST_F(DiffTraces, ReportsInEveryFormat) {
+  const StageData ref = f64({0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0, 7.5, 8.0});
+  StageData cand = ref;
+  cand.f64[3] = 2.5;
+  cand.f64[7] = kNaN;
+  const DiffResult r = diff({{0, 1, Stage::qkv, cand}, {0, kModelLayer, Stage::logits, ref}},
+                            {{0, 1, Stage::qkv, ref}, {0, kModelLayer, Stage::logits, ref}});
+
+  const std::string text = report_text(r, {.count = 10, .quiet = false});
+  EXPECT_NE(text.find("dataset: /pos_0/layer_1/qkv  (stage qkv, layer 1, position 0)"), std::string::npos) << text;
+  EXPECT_NE(text.find("position"), std::string::npos);
+  EXPECT_NE(text.find("difference"), std::string::npos);
+  EXPECT_NE(text.find("relative"), std::string::npos);
+  EXPECT_NE(text.find("[ 3 ]"), std::string::npos);
+  EXPECT_NE(text.find("2 differences found"), std::string::npos);
+  EXPECT_NE(text.find("DIVERGED"), std::string::npos);
+  EXPECT_EQ(text.find("dataset: /pos_0/model/logits"), std::string::npos) << "passing datasets get no header";
+  const std::string one = report_text(r, {.count = 1, .quiet = false});
+  EXPECT_NE(one.find("1 of 2 listed"), std::string::npos) << one;
+  const std::string quiet = report_text(r, {.count = 10, .quiet = true});
+  EXPECT_EQ(std::count(quiet.begin(), quiet.end(), '\n'), 1);
+  EXPECT_EQ(quiet, verdict_line(r) + "\n");
+
+  const nlohmann::json j = nlohmann::json::parse(report_json(r).dump());
+  EXPECT_EQ(j["verdict"], "diverged");
+  EXPECT_EQ(j["a"]["file"], a_path);
+  EXPECT_EQ(j["b"]["backend"], "reference");
+  EXPECT_EQ(j["tolerance"]["profile"], "fp32");
+  const auto& f = j["first_divergence"];
+  EXPECT_EQ(f["position"], 0);
+  EXPECT_EQ(f["layer"], 1);
+  EXPECT_EQ(f["stage"], "qkv");
+  EXPECT_TRUE(f["expert"].is_null());
+  EXPECT_EQ(f["index"], 3);
+  EXPECT_EQ(f["candidate"], 2.5);
+  EXPECT_EQ(f["reference"], 2.0);
+  EXPECT_EQ(f["abs_err"], 0.5);
+  EXPECT_EQ(f["rel_err"], 0.25);
+  ASSERT_EQ(j["datasets"].size(), 2u);
+  const auto& q = j["datasets"][0];
+  for (const char* field : {"path", "position", "layer", "stage", "status", "elements", "mismatches",
+                            "max_abs_err", "max_abs_index", "max_rel_err", "max_rel_index",
+                            "max_ulp", "cosine", "nmse", "tolerance_used", "nonfinite_mismatches",
+                            "routing_flip"})
+    EXPECT_TRUE(q.contains(field)) << field;
+  EXPECT_EQ(q["status"], "fail");
+  EXPECT_EQ(q["mismatches"], 2);
+  EXPECT_EQ(q["nonfinite_mismatches"], 1);
+  EXPECT_TRUE(q["tolerance_used"].is_null()) << "non-finite numbers are written as null";
+  EXPECT_EQ(q["max_abs_err"], 0.5);
+  EXPECT_TRUE(j["datasets"][1]["layer"].is_null());
+  EXPECT_EQ(j["datasets"][1]["status"], "pass");
+
+  const std::string junit = report_junit(r);
+  EXPECT_NE(junit.find("<testsuite "), std::string::npos);
+  EXPECT_NE(junit.find("name=\"qkv\""), std::string::npos);
+  EXPECT_NE(junit.find("<failure type=\"diverged\" message=\"/pos_0/layer_1/qkv"), std::string::npos) << junit;
+  EXPECT_NE(junit.find("name=\"logits\" time=\"0\"/>"), std::string::npos) << junit;
+  EXPECT_NE(junit.find("<skipped message=\"no mlp1 datasets"), std::string::npos);
+  EXPECT_EQ(std::count(junit.begin(), junit.end(), '\n') > 0, true);
+  size_t testcases = 0;
+  for (size_t p = junit.find("<testcase "); p != std::string::npos; p = junit.find("<testcase ", p + 1))
+    ++testcases;
+  EXPECT_EQ(testcases, size_t(kNumStages));
+
+  const std::string html = report_html(r);
+  EXPECT_NE(html.find("<table class=\"heat\">"), std::string::npos);
+  EXPECT_NE(html.find("<th>L1</th>"), std::string::npos);
+  EXPECT_NE(html.find("worst first"), std::string::npos) << "the first divergence cell is outlined";
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+
+  EXPECT_EQ(parse_report_format("junit"), ReportFormat::Junit);
+  expect_error([] { (void)parse_report_format("pdf"); }, {"pdf"});
+}
+
+// ---- the parity-diff tool ------------------------------------------------------------------
+
+struct ToolRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+ToolRun run_parity_diff(const std::string& args, const std::string& scratch) {
+  const std::string out = scratch + ".out";
+  const std::string cmd = fmt::format("'{}' {} > '{}' 2>&1", PARITY_BIN_DIR "/parity-diff", args, out);
+  const int status = std::system(cmd.c_str());
+  ToolRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.output = ss.str();
+  return r;
+}
+
+TEST(ParityDiffTool, ExitCodes) {
+  if (!fs::exists(PARITY_BIN_DIR "/parity-diff")) GTEST_SKIP() << "parity-diff is not built";
+  const Config c = diff_config();
+  TempDir dir;
+  const std::string ref = dir.file("ref.h5"), same = dir.file("same.h5"), bad = dir.file("bad.h5"),
+                    other = dir.file("other.h5"), text = dir.file("text.h5"),
+                    scratch = dir.file("run");
+  const std::vector<double> v = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  std::vector<double> w = v;
+  w[5] = 0.9;
+  write_trace(ref, c, meta_for(c, "reference"), {{0, kModelLayer, Stage::embedding, f64(v)}});
+  write_trace(same, c, meta_for(c, "cpu-f32"), {{0, kModelLayer, Stage::embedding, f32(v)}});
+  write_trace(bad, c, meta_for(c, "cpu-f32"), {{0, kModelLayer, Stage::embedding, f32(w)}});
+  const Config c16 = diff_config(16);
+  write_trace(other, c16, meta_for(c16, "cpu-f32"),
+              {{0, kModelLayer, Stage::embedding, f32(std::vector<double>(16, 0.5))}});
+  std::ofstream(text) << "not a trace\n";
+
+  ToolRun r = run_parity_diff(fmt::format("'{}' '{}'", same, ref), scratch);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS"), std::string::npos) << r.output;
+
+  r = run_parity_diff(fmt::format("'{}' '{}' --atol 1e-5 --rtol 1e-4", bad, ref), scratch);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("dataset: /pos_0/model/embedding"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 differences found"), std::string::npos) << r.output;
+
+  r = run_parity_diff(fmt::format("'{}' '{}' --atol 1 --rtol 0 -q", bad, ref), scratch);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  r = run_parity_diff(fmt::format("'{}' '{}' -q", bad, ref), scratch);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+
+  const std::string json_out = dir.file("report.json");
+  r = run_parity_diff(fmt::format("'{}' '{}' --profile bf16 --report json -o '{}'", bad, ref, json_out), scratch);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::ifstream jin(json_out);
+  const nlohmann::json j = nlohmann::json::parse(jin);
+  EXPECT_EQ(j["verdict"], "diverged");
+  EXPECT_EQ(j["tolerance"]["profile"], "bf16");
+  EXPECT_EQ(j["first_divergence"]["index"], 5);
+
+  for (const std::string fmt_name : {"junit", "html", "text"}) {
+    r = run_parity_diff(fmt::format("'{}' '{}' --report {} -n 3", bad, ref, fmt_name), scratch);
+    EXPECT_EQ(r.exit_code, 1) << fmt_name << ": " << r.output;
+  }
+
+  r = run_parity_diff(fmt::format("'{}' '{}'", text, ref), scratch);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(text), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("parity-diff: error:"), std::string::npos) << r.output;
+
+  r = run_parity_diff(fmt::format("'{}' '{}'", other, ref), scratch);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("different models"), std::string::npos) << r.output;
+
+  r = run_parity_diff(fmt::format("'{}' '{}'", dir.file("absent.h5"), ref), scratch);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+
+  r = run_parity_diff(fmt::format("'{}' '{}' --profile fp8", same, ref), scratch);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_parity_diff(fmt::format("'{}' '{}' --atol 1e-5", same, ref), scratch);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_parity_diff(fmt::format("'{}' '{}' --report pdf", same, ref), scratch);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_parity_diff("--help", scratch);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--profile"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace parity

@@ -1,0 +1,99 @@
+// End to end through the built tools: parity-trace on the tiny model passes with cpu-f32 past
+// the sliding window, localizes an injected fault to exactly its stage and layer for every
+// stage of the list, and refuses bad input with exit 2 and no output files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/stages.h"
+#include "tests/test_util.h"
+
+namespace parity {
+namespace {
+namespace fs = std::filesystem;
+
+// 20 positions: past twice the tiny model's sliding window of 8.
+const char* kTokens = "1,17,300,42,999,5,77,128,256,3,1000,64,9,511,22,700,31,8,123,900";
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+TEST(ParityTrace, TinyCpuF32PassesUnderFp32ProfilePastTheWindow) {
+  const std::string out = test::temp_dir("trace-pass");
+  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " + kTokens +
+                                              " --candidate cpu-f32 --profile fp32 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"reference.h5", "candidate.h5", "report.txt", "report.json"})
+    EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
+  auto j = read_json(fs::path(out) / "report.json");
+  EXPECT_EQ(j["verdict"], "pass");
+  EXPECT_TRUE(j["first_divergence"].is_null());
+  // Every stage of every layer at every position was compared.
+  EXPECT_GE(j["datasets"].size(), size_t(20 * (3 + 19 * 4)));
+}
+
+TEST(ParityTrace, TokenAtPositionAfterPrefixTracesOnlyThatPosition) {
+  const std::string out = test::temp_dir("trace-pos");
+  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                              " --token 5 --pos 12 --candidate cpu-f32 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = read_json(fs::path(out) / "report.json");
+  for (const auto& d : j["datasets"]) EXPECT_EQ(d["position"], 12);
+}
+
+class InjectionTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(InjectionTest, FirstDivergenceIsExactlyTheInjectedStageAndLayer) {
+  const Stage s = static_cast<Stage>(GetParam());
+  const bool model_scope = is_model_scope(s);
+  for (int layer : model_scope ? std::vector<int>{-1} : std::vector<int>{0, 3}) {
+    const std::string spec = std::string(name(s)) + (model_scope ? "" : ":" + std::to_string(layer));
+    const std::string out = test::temp_dir("inject");
+    auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                " --tokens 1,17,300,42,999,5,77,128,256,3 --candidate cpu-f32 "
+                                                "--inject " + spec + " --out " + out);
+    ASSERT_EQ(r.exit_code, 1) << spec << "\n" << r.output;
+    auto fd = read_json(fs::path(out) / "report.json")["first_divergence"];
+    ASSERT_FALSE(fd.is_null()) << spec;
+    EXPECT_EQ(fd["stage"], std::string(name(s))) << spec << "\n" << fd.dump();
+    EXPECT_EQ(fd["position"], 0) << spec;
+    if (model_scope)
+      EXPECT_TRUE(fd["layer"].is_null()) << spec;
+    else
+      EXPECT_EQ(fd["layer"], layer) << spec;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryStage, InjectionTest, ::testing::Range(0, kNumStages),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(name(static_cast<Stage>(i.param)));
+                         });
+
+TEST(ParityTrace, BadInputExitsTwoWithOneLineAndNoOutputFiles) {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::string tiny = test::tiny_model_dir();
+  const std::vector<Case> cases = {
+      {"--model " + tiny + " --tokens 1,2,99999", "out of range"},
+      {"--model " + tiny + " --token 1 --pos 5000", "past the context"},
+      {"--model /nonexistent/dir --tokens 1", "/nonexistent/dir"},
+      {"--model " + tiny + " --tokens 1 --inject nosuchstage:0", "unknown stage"},
+      {"--model " + tiny + " --tokens 1 --inject qkv:99", "out of range"},
+      {"--model " + tiny + " --tokens 1 --candidate nosuch", "unknown backend"},
+  };
+  for (const auto& c : cases) {
+    const std::string out = test::temp_dir("bad");
+    auto r = test::run_tool("parity-trace", c.args + " --out " + out);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_TRUE(fs::is_empty(out)) << c.args << ": output left behind";
+  }
+}
+
+}  // namespace
+}  // namespace parity

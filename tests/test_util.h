@@ -1,0 +1,21 @@
+// Shared helpers for the test binary: a process-wide tiny synthetic model, temp directories,
+// and running the built tools.
+#pragma once
+#include <string>
+
+namespace parity::test {
+
+// Directory of the tiny preset, synthesized once per test process into a temp directory.
+const std::string& tiny_model_dir();
+
+// A fresh empty directory under the system temp dir, removed at process exit.
+std::string temp_dir(const std::string& tag);
+
+struct ToolResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+// Runs build/bin/<tool> with the given argument string through the shell.
+ToolResult run_tool(const std::string& tool, const std::string& args);
+
+}  // namespace parity::test

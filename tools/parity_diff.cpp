@@ -1,0 +1,114 @@
+// parity-diff: compare two gpt-oss-parity traces as h5diff does. A is the candidate, B the
+// reference (relative error is taken against B). Reports per-dataset differences and the first
+// divergence as text, JSON, JUnit or HTML. Exit 0 no differences, 1 differences, 2 error.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "model/error.h"
+#include "tools/common.h"
+#include "tracer/differ.h"
+#include "tracer/profiles.h"
+#include "tracer/report.h"
+#include "tracer/trace_file.h"
+
+namespace parity {
+namespace {
+namespace fs = std::filesystem;
+
+// Written beside and renamed into place: a reader never sees half a report.
+void write_report(const std::string& path, const std::string& text) {
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) fail("{}: cannot write the report (does the directory exist?)", path);
+    out << text;
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      fail("{}: writing the report failed", path);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    fail("{}: cannot move the report into place ({})", path, ec.message());
+  }
+}
+
+int diff_main(int argc, char** argv) {
+  CLI::App app{
+      "parity-diff: compare two gpt-oss-parity traces, as h5diff does.\n"
+      "A is the candidate, B the reference: an element differs when |A - B| > atol + rtol*|B|;\n"
+      "a NaN/Inf on one side only always differs; a dataset missing on either side differs.\n"
+      "Exit: 0 no differences, 1 differences, 2 error (unreadable or foreign file, different "
+      "models)."};
+  std::string a_path, b_path, profile = "fp32", report = "text", output;
+  std::vector<std::string> stage_tolerances;
+  double atol = 0, rtol = 0;
+  bool quiet = false;
+  int count = 10;
+  app.add_option("A", a_path, "candidate trace (.h5)")->required();
+  app.add_option("B", b_path, "reference trace (.h5); relative error is taken against B")->required();
+  auto* o_atol = app.add_option("--atol", atol, "absolute tolerance (with --rtol, instead of --profile)");
+  auto* o_rtol = app.add_option("--rtol", rtol, "relative tolerance (with --atol, instead of --profile)");
+  o_atol->needs(o_rtol);
+  o_rtol->needs(o_atol);
+  app.add_option("--profile", profile, "tolerance profile: " + profile_names())
+      ->capture_default_str()
+      ->excludes(o_atol)
+      ->excludes(o_rtol);
+  app.add_option("--stage-tol", stage_tolerances,
+                 "per-stage tolerance STAGE=ATOL,RTOL (repeatable), e.g. logits=1e-4,1e-3");
+  app.add_option("--report", report, "report format: text, json, junit, html")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json", "junit", "html"}));
+  app.add_option("-o,--output", output, "write the report to FILE (default: standard output)");
+  app.add_flag("-q,--quiet", quiet, "print only the verdict line");
+  app.add_option("-n,--count", count, "mismatching elements listed per dataset")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitError;
+  }
+
+  Tolerance tol = o_atol->count() > 0 ? Tolerance::absolute_relative(atol, rtol)
+                                      : tolerance_profile(profile);
+  for (const auto& text : stage_tolerances) {
+    const auto [stage, t] = parse_stage_tolerance(text);
+    tol.set_override(stage, t);
+  }
+  const ReportFormat format = parse_report_format(report);
+
+  const TraceReader a(a_path), b(b_path);
+  DiffOptions options;
+  options.max_listed = size_t(count);
+  const DiffResult result = diff_traces(a, b, tol, options);
+  const TextReportOptions text_options{size_t(count), quiet};
+
+  if (!output.empty()) {
+    write_report(output, render_report(result, format, text_options));
+    std::cout << verdict_line(result) << "\n";
+  } else if (quiet) {
+    std::cout << verdict_line(result) << "\n";
+  } else {
+    std::cout << render_report(result, format, text_options);
+  }
+  std::cout.flush();
+  if (!std::cout) fail("standard output: write failed");
+  return result.diverged() ? kExitDiverged : kExitOk;
+}
+
+}  // namespace
+}  // namespace parity
+
+int main(int argc, char** argv) {
+  return parity::guarded_main("parity-diff", [&] { return parity::diff_main(argc, argv); });
+}

@@ -1,0 +1,209 @@
+// parity-golden: the regression gate on golden logits. `check`/`update` run the float64
+// reference over the manifest's tokens and compare with (or rewrite) golden/<name>/logits.txt;
+// `compare` checks two plain one-number-a-line logit files as engineers' checkers do.
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "model/error.h"
+#include "model/forward.h"
+#include "tools/common.h"
+#include "tools/version.h"
+#include "tracer/trace_file.h"
+
+#ifndef PARITY_GOLDEN_DIR
+#define PARITY_GOLDEN_DIR "golden"
+#endif
+
+namespace parity {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+inline constexpr int kGoldenSchema = 1;
+
+std::vector<double> read_numbers(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot open", path);
+  std::vector<double> v;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      size_t used = 0;
+      v.push_back(std::stod(line, &used));
+      if (line.find_first_not_of(" \t\r", used) != std::string::npos) throw std::invalid_argument(line);
+    } catch (const std::exception&) {
+      fail("{}:{}: \"{}\" is not a number", path, line_no, line);
+    }
+  }
+  return v;
+}
+
+void write_numbers(const std::string& path, const std::vector<double>& v) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    for (double x : v) out << fmt::format("{:.17g}\n", x);
+    if (!out) fail("{}: write failed", tmp);
+  }
+  fs::rename(tmp, path);
+}
+
+// Compares got against ans: |got - ans| > atol + rtol |ans| is a mismatch; NaN never matches.
+int compare_numbers(const std::vector<double>& got, const std::vector<double>& ans, double atol,
+                    double rtol, const std::string& got_name, const std::string& ans_name, int max_lines) {
+  if (got.size() != ans.size())
+    fail("{} has {} numbers but {} has {}", got_name, got.size(), ans_name, ans.size());
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double diff = std::fabs(got[i] - ans[i]);
+    const bool ok = std::isfinite(got[i]) && std::isfinite(ans[i]) ? diff <= atol + rtol * std::fabs(ans[i])
+                                                                   : got[i] == ans[i];
+    if (!ok) {
+      if (int(bad) < max_lines)
+        std::cout << fmt::format("Mismatch at element {}: got={:.9g} vs ans={:.9g} (diff {:.3g})\n", i,
+                                 got[i], ans[i], diff);
+      ++bad;
+    }
+    if (std::isfinite(diff)) worst = std::max(worst, diff);
+  }
+  if (bad > 0) {
+    std::cout << fmt::format("FAIL: {} of {} elements mismatch (atol {:g}, rtol {:g}; max abs diff {:.3g})\n",
+                             bad, got.size(), atol, rtol, worst);
+    return kExitDiverged;
+  }
+  std::cout << fmt::format("PASS: {} elements within atol {:g}, rtol {:g} (max abs diff {:.3g})\n",
+                           got.size(), atol, rtol, worst);
+  return kExitOk;
+}
+
+// Reference logits for tokens at positions 0..n-1, flattened [position][vocab].
+std::vector<double> reference_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  struct Collect : Observer {
+    std::vector<double> logits;
+    bool wants(int, int, Stage s) const override { return s == Stage::logits; }
+    void record(const StageKey&, const StageData& d) override {
+      for (size_t i = 0; i < d.size(); ++i) logits.push_back(d.at(i));
+    }
+  } collect;
+  auto backend = make_backend("reference", m);
+  Batch b;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= m.config.vocab_size)
+      fail("golden token {} out of range for {}", tokens[i], m.dir);
+    b.tokens.push_back(tokens[i]);
+    b.positions.push_back(int32_t(i));
+    b.seqs.push_back(0);
+  }
+  forward(*backend, b, &collect);
+  return collect.logits;
+}
+
+int golden_main(int argc, char** argv) {
+  CLI::App app{"parity-golden: regression gate on golden logits.\nExit: 0 pass, 1 mismatch, 2 error."};
+  app.require_subcommand(1);
+  std::string model = "tiny", models_dir, golden_dir = PARITY_GOLDEN_DIR, name;
+  auto* check = app.add_subcommand("check", "compare the reference's logits with golden/<name>/");
+  auto* update = app.add_subcommand("update", "regenerate golden/<name>/ from the reference");
+  for (auto* sub : {check, update}) {
+    sub->add_option("--model", model, "checkpoint directory or preset")->capture_default_str();
+    sub->add_option("--models-dir", models_dir, "where presets live");
+    sub->add_option("--golden-dir", golden_dir, "golden root")->capture_default_str();
+    sub->add_option("--name", name, "golden set name (default: the preset name)");
+  }
+  std::vector<int32_t> update_tokens;
+  double update_atol = 1e-9, update_rtol = 1e-9;
+  update->add_option("--tokens", update_tokens, "token ids (default: keep the manifest's)")->delimiter(',');
+  update->add_option("--atol", update_atol, "tolerance recorded in the manifest")->capture_default_str();
+  update->add_option("--rtol", update_rtol, "tolerance recorded in the manifest")->capture_default_str();
+  auto* compare = app.add_subcommand("compare", "compare two one-number-a-line logit files");
+  std::string got_file, ans_file;
+  double atol = 1e-5, rtol = 1e-5;
+  int max_lines = 20;
+  compare->add_option("got", got_file, "candidate logits")->required();
+  compare->add_option("ans", ans_file, "expected logits")->required();
+  compare->add_option("--atol", atol)->capture_default_str();
+  compare->add_option("--rtol", rtol)->capture_default_str();
+  compare->add_option("-n,--count", max_lines, "mismatch lines printed at most")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitError;
+  }
+
+  if (*compare)
+    return compare_numbers(read_numbers(got_file), read_numbers(ans_file), atol, rtol, got_file, ans_file, max_lines);
+
+  if (name.empty()) {
+    if (fs::is_directory(model) && !(model == "tiny" || model == "20b" || model == "120b"))
+      fail("--name is needed when --model is a directory ({})", model);
+    name = model;
+  }
+  const fs::path dir = fs::path(golden_dir) / name;
+  const fs::path manifest_path = dir / "manifest.json", logits_path = dir / "logits.txt";
+  json manifest;
+  if (fs::exists(manifest_path)) {
+    std::ifstream in(manifest_path);
+    try {
+      manifest = json::parse(in);
+    } catch (const json::parse_error& e) {
+      fail("{}: not valid JSON ({})", manifest_path.string(), e.what());
+    }
+    if (manifest.value("schema_version", 0) != kGoldenSchema)
+      fail("{}: schema_version {} (this tool reads {}); regenerate with: {}", manifest_path.string(),
+           manifest.value("schema_version", 0), kGoldenSchema,
+           manifest.value("regenerate", std::string("parity-golden update")));
+  } else if (*check) {
+    fail("{}: no golden manifest (create one with `parity-golden update --model {}`)", manifest_path.string(), model);
+  }
+
+  auto m = Model::load(resolve_model(model, models_dir));
+  if (*update) {
+    std::vector<int32_t> tokens = update_tokens;
+    if (tokens.empty() && manifest.contains("tokens")) tokens = manifest["tokens"].get<std::vector<int32_t>>();
+    if (tokens.empty()) fail("update: give --tokens (no manifest to take them from)");
+    const auto logits = reference_logits(*m, tokens);
+    fs::create_directories(dir);
+    write_numbers(logits_path.string(), logits);
+    json out = {{"schema_version", kGoldenSchema},
+                {"model", model},
+                {"checkpoint_fingerprint", m->fingerprint},
+                {"config", m->config.to_json()},
+                {"tokens", tokens},
+                {"layout", "logits.txt: one number per line, [position][vocab] flattened, %.17g"},
+                {"backend", "reference (float64)"},
+                {"atol", update_atol},
+                {"rtol", update_rtol},
+                {"tool_version", PARITY_VERSION},
+                {"commit", PARITY_COMMIT},
+                {"created", iso8601_now()},
+                {"regenerate", fmt::format("parity-golden update --model {} --name {}", model, name)}};
+    const std::string tmp = manifest_path.string() + ".tmp";
+    std::ofstream(tmp) << out.dump(2) << "\n";
+    fs::rename(tmp, manifest_path);
+    std::cout << fmt::format("wrote {} ({} logits) and {}\n", logits_path.string(), logits.size(),
+                             manifest_path.string());
+    return kExitOk;
+  }
+  for (const char* key : {"tokens", "atol", "rtol"})
+    if (!manifest.contains(key)) fail("{}: missing \"{}\"", manifest_path.string(), key);
+  const auto tokens = manifest["tokens"].get<std::vector<int32_t>>();
+  const auto logits = reference_logits(*m, tokens);
+  std::cout << fmt::format("golden {}: {} positions x {} logits of {}\n", name, tokens.size(),
+                           m->config.vocab_size, m->dir);
+  return compare_numbers(logits, read_numbers(logits_path.string()), manifest["atol"].get<double>(),
+                         manifest["rtol"].get<double>(), "reference", logits_path.string(), 20);
+}
+
+}  // namespace
+}  // namespace parity
+
+int main(int argc, char** argv) {
+  return parity::guarded_main("parity-golden", [&] { return parity::golden_main(argc, argv); });
+}
