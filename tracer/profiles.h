@@ -33,7 +33,14 @@ struct ToleranceProfile {
 
 // Per-stage overrides of each profile. Empty by default: every stage uses the profile's base.
 // Add a line here to loosen (or tighten) one stage, e.g. {Stage::logits, {1e-4, 1e-4}}.
-inline constexpr std::array<StageTolerance, 0> kFp32StageOverrides{};
+// fp32: float dots over gpt-oss widths (2880) err by about 1e-5 absolute on mlp1 outputs of
+// magnitude 3 to 7 (measured on the synthetic 20b: 1.6e-5 at worst), and SwiGLU multiplies an
+// input error by up to its slope bound, about (limit + 1) * 1.1 = 8.8 with limit 7; so mlp1 and
+// swiglu get absolute tolerances scaled by those factors instead of loosening every stage.
+inline constexpr std::array kFp32StageOverrides{
+    StageTolerance{Stage::mlp1, {5e-5, 1e-4}},
+    StageTolerance{Stage::swiglu, {4e-4, 1e-4}},
+};
 inline constexpr std::array<StageTolerance, 0> kBf16StageOverrides{};
 inline constexpr std::array<StageTolerance, 0> kMxfp4StageOverrides{};
 
