@@ -155,8 +155,14 @@ template <typename T>
 void read_row(const TensorView& t, int64_t row, int64_t n, T* out) {
   const int64_t base = row * n;
   if (t.dtype == DType::BF16) {
-    const auto* p = reinterpret_cast<const uint16_t*>(t.data) + base;
-    for (int64_t i = 0; i < n; ++i) out[i] = T(bf16_to_float(p[i]));
+    // memcpy, not a uint16_t* cast: safetensors does not align the data section, so a tensor
+    // may start at an odd address, and a misaligned uint16_t access is undefined behaviour.
+    const uint8_t* p = t.data + 2 * base;
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      out[i] = T(bf16_to_float(b));
+    }
   } else {
     for (int64_t i = 0; i < n; ++i) out[i] = element<T>(t, base + i);
   }

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numbers>
 #include <sstream>
+#include <type_traits>
 
 #include "model/error.h"
 
@@ -12,24 +14,46 @@ namespace {
 
 using nlohmann::json;
 
+// JSON value -> T, strictly: nlohmann's get<int>() would silently truncate 2880.5, read true as
+// 1 and wrap 2^32 + 64 to 64, so a dimension must be a JSON integer in int range; a real any
+// number, a flag a boolean, a name a string.
+template <typename T>
+T convert(const json& v, const char* key, const std::string& src) {
+  if constexpr (std::is_same_v<T, int>) {
+    if (!v.is_number_integer())
+      fail("{}: field \"{}\" has the wrong type ({} {}; expected an integer)", src, key,
+           v.type_name(), v.dump());
+    const bool in_range = v.is_number_unsigned()
+                              ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+                              : v.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                                    v.get<int64_t>() <= std::numeric_limits<int>::max();
+    if (!in_range) fail("{}: field \"{}\" is out of range ({})", src, key, v.dump());
+    return v.get<int>();
+  } else {
+    static_assert(std::is_same_v<T, double> || std::is_same_v<T, bool> ||
+                  std::is_same_v<T, std::string>);
+    const bool ok = std::is_same_v<T, double> ? v.is_number()
+                    : std::is_same_v<T, bool> ? v.is_boolean()
+                                              : v.is_string();
+    if (!ok)
+      fail("{}: field \"{}\" has the wrong type ({}; expected {})", src, key, v.type_name(),
+           std::is_same_v<T, double> ? "a number"
+           : std::is_same_v<T, bool> ? "a boolean"
+                                     : "a string");
+    return v.get<T>();
+  }
+}
+
 template <typename T>
 T get_required(const json& j, const char* key, const std::string& src) {
   if (!j.contains(key)) fail("{}: missing required field \"{}\"", src, key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    fail("{}: field \"{}\" has the wrong type ({})", src, key, j.at(key).type_name());
-  }
+  return convert<T>(j.at(key), key, src);
 }
 
 template <typename T>
 T get_or(const json& j, const char* key, T fallback, const std::string& src) {
   if (!j.contains(key) || j.at(key).is_null()) return fallback;
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    fail("{}: field \"{}\" has the wrong type ({})", src, key, j.at(key).type_name());
-  }
+  return convert<T>(j.at(key), key, src);
 }
 
 int first_id(const json& j, const char* key) {
@@ -96,6 +120,9 @@ Config Config::from_json(const json& j, const std::string& src) {
   const json* rope = nullptr;
   std::string rsrc = src;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    // null means no scaling; anything else but an object is malformed, not plain RoPE.
+    if (j.contains(key) && !j.at(key).is_null() && !j.at(key).is_object())
+      fail("{}: field \"{}\" must be an object, got {}", src, key, j.at(key).type_name());
     if (rope == nullptr && j.contains(key) && j.at(key).is_object()) {
       rope = &j.at(key);
       rsrc = src + " (" + key + ")";

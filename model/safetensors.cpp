@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "model/error.h"
 
@@ -105,7 +106,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (!header.is_object()) fail("{}: header is not a JSON object", path);
     const uint8_t* data = base + 8 + header_len;
     const size_t data_size = size_ - 8 - header_len;
-    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    struct Span {
+      uint64_t begin, end;
+      std::string name;
+      bool operator<(const Span& o) const {
+        return std::tie(begin, end, name) < std::tie(o.begin, o.end, o.name);
+      }
+    };
+    std::vector<Span> spans;
     for (auto it = header.begin(); it != header.end(); ++it) {
       if (it.key() == "__metadata__") {
         if (it->is_object())
@@ -135,19 +143,31 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (b > e || e > data_size)
         fail("{}: tensor \"{}\" data_offsets [{}, {}] lie past the end of the data ({} bytes)", path,
              name, b, e, data_size);
-      const size_t expect = size_t(v.numel()) * dtype_size(v.dtype);
+      // dtype x shape in bytes, overflow-checked: a shape like [2^32, 2^32] must not wrap to a
+      // size that matches empty offsets (and numel() must never overflow later).
+      int64_t numel = 1;
+      uint64_t expect = 0;
+      for (auto d : v.shape)
+        if (__builtin_mul_overflow(numel, d, &numel))
+          fail("{}: tensor \"{}\" has an absurd shape {} (element count overflows)", path, name,
+               t["shape"].dump());
+      if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(v.dtype)), &expect))
+        fail("{}: tensor \"{}\" has an absurd shape {} (byte size overflows)", path, name,
+             t["shape"].dump());
       if (e - b != expect)
         fail("{}: tensor \"{}\" holds {} bytes but {} {} needs {}", path, name, e - b,
              dtype_name(v.dtype), v.shape_str(), expect);
       v.data = data + b;
       v.nbytes = size_t(e - b);
-      spans.emplace_back(b, e);
+      spans.push_back({b, e, name});
       tensors_.emplace(name, std::move(v));
     }
     std::sort(spans.begin(), spans.end());
     for (size_t i = 1; i < spans.size(); ++i)
-      if (spans[i].first < spans[i - 1].second)
-        fail("{}: tensor data ranges overlap at byte {}", path, spans[i].first);
+      if (spans[i].begin < spans[i - 1].end)
+        fail("{}: tensor data ranges overlap: \"{}\" [{}, {}] and \"{}\" [{}, {}]", path,
+             spans[i - 1].name, spans[i - 1].begin, spans[i - 1].end, spans[i].name, spans[i].begin,
+             spans[i].end);
   } catch (...) {
     ::munmap(map_, size_);
     map_ = nullptr;

@@ -349,7 +349,7 @@ TEST_F(DiffTraces, RoutingFlipReportsTheReferenceMargin) {
   const DiffResult r = diff(
       {{0, 1, Stage::router, f32({0.5, 2.0, 1.0, 1.9})}, {0, 1, Stage::topk_idx, i32({1, 2})}},
       {{0, 1, Stage::router, router}, {0, 1, Stage::topk_idx, i32({1, 3})}});
-  const DatasetDiff& d = dataset(r, "/pos_0/layer_1/topk_idx");
+  const DatasetDiff d = dataset(r, "/pos_0/layer_1/topk_idx");
   EXPECT_EQ(d.status, DatasetStatus::Fail);
   EXPECT_EQ(d.values.mismatches, 1u);
   ASSERT_TRUE(d.routing);
@@ -377,7 +377,7 @@ TEST_F(DiffTraces, RoutingFlipReportsTheReferenceMargin) {
   // The same experts in another order is still a flip, reported as such.
   const DiffResult reordered = diff({{0, 1, Stage::topk_idx, i32({3, 1})}},
                                     {{0, 1, Stage::router, router}, {0, 1, Stage::topk_idx, i32({1, 3})}});
-  const DatasetDiff& d2 = dataset(reordered, "/pos_0/layer_1/topk_idx");
+  const DatasetDiff d2 = dataset(reordered, "/pos_0/layer_1/topk_idx");
   ASSERT_TRUE(d2.routing);
   EXPECT_EQ(d2.routing->slots, 2u);
   EXPECT_TRUE(d2.routing->same_set);
