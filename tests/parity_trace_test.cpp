@@ -6,9 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "model/stages.h"
 #include "tests/test_util.h"
+#ifdef PARITY_HAVE_DEVICE
+#include "device/hip_backend.h"
+#endif
 
 namespace parity {
 namespace {
@@ -22,10 +26,32 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(in);
 }
 
-TEST(ParityTrace, TinyCpuF32PassesUnderFp32ProfilePastTheWindow) {
+// The candidates traced end to end: the CPU float32 control everywhere, the device backend
+// where this build has one and a GPU is present (the same assertions, not weaker ones).
+const std::vector<std::string> kCandidates = {"cpu-f32", "hip"};
+
+// Why `candidate` cannot run here, or "" when it can.
+std::string unavailable(const std::string& candidate) {
+  if (candidate != "hip") return "";
+#ifdef PARITY_HAVE_DEVICE
+  return device_available() ? "" : "no GPU: " + device_unavailable_reason();
+#else
+  return "this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)";
+#endif
+}
+
+class CandidateTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(CandidateTest, TinyPassesUnderFp32ProfilePastTwiceTheWindow) {
   const std::string out = test::temp_dir("trace-pass");
-  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " + kTokens +
-                                              " --candidate cpu-f32 --profile fp32 --out " + out);
+  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " +
+                                              kTokens + " --candidate " + GetParam() +
+                                              " --profile fp32 --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* f : {"reference.h5", "candidate.h5", "report.txt", "report.json"})
     EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
@@ -34,28 +60,44 @@ TEST(ParityTrace, TinyCpuF32PassesUnderFp32ProfilePastTheWindow) {
   EXPECT_TRUE(j["first_divergence"].is_null());
   // Every stage of every layer at every position was compared.
   EXPECT_GE(j["datasets"].size(), size_t(20 * (3 + 19 * 4)));
+  EXPECT_EQ(j["candidate_backend"], GetParam());
 }
+
+INSTANTIATE_TEST_SUITE_P(Candidates, CandidateTest, ::testing::ValuesIn(kCandidates),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           return i.param == "cpu-f32" ? std::string("cpu_f32") : i.param;
+                         });
 
 TEST(ParityTrace, TokenAtPositionAfterPrefixTracesOnlyThatPosition) {
   const std::string out = test::temp_dir("trace-pos");
-  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
-                                              " --token 5 --pos 12 --candidate cpu-f32 --out " + out);
+  auto r =
+      test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                         " --token 5 --pos 12 --candidate cpu-f32 --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = read_json(fs::path(out) / "report.json");
   for (const auto& d : j["datasets"]) EXPECT_EQ(d["position"], 12);
 }
 
-class InjectionTest : public ::testing::TestWithParam<int> {};
+class InjectionTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = unavailable(std::get<0>(GetParam())); !why.empty())
+      GTEST_SKIP() << why;
+  }
+};
 
 TEST_P(InjectionTest, FirstDivergenceIsExactlyTheInjectedStageAndLayer) {
-  const Stage s = static_cast<Stage>(GetParam());
+  const std::string candidate = std::get<0>(GetParam());
+  const Stage s = static_cast<Stage>(std::get<1>(GetParam()));
   const bool model_scope = is_model_scope(s);
   for (int layer : model_scope ? std::vector<int>{-1} : std::vector<int>{0, 3}) {
-    const std::string spec = std::string(name(s)) + (model_scope ? "" : ":" + std::to_string(layer));
+    const std::string spec =
+        std::string(name(s)) + (model_scope ? "" : ":" + std::to_string(layer));
     const std::string out = test::temp_dir("inject");
-    auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
-                                                " --tokens 1,17,300,42,999,5,77,128,256,3 --candidate cpu-f32 "
-                                                "--inject " + spec + " --out " + out);
+    auto r =
+        test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                           " --tokens 1,17,300,42,999,5,77,128,256,3 --candidate " +
+                                           candidate + " --inject " + spec + " --out " + out);
     ASSERT_EQ(r.exit_code, 1) << spec << "\n" << r.output;
     auto fd = read_json(fs::path(out) / "report.json")["first_divergence"];
     ASSERT_FALSE(fd.is_null()) << spec;
@@ -68,9 +110,13 @@ TEST_P(InjectionTest, FirstDivergenceIsExactlyTheInjectedStageAndLayer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryStage, InjectionTest, ::testing::Range(0, kNumStages),
-                         [](const ::testing::TestParamInfo<int>& i) {
-                           return std::string(name(static_cast<Stage>(i.param)));
+INSTANTIATE_TEST_SUITE_P(EveryStage, InjectionTest,
+                         ::testing::Combine(::testing::ValuesIn(kCandidates),
+                                            ::testing::Range(0, kNumStages)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& i) {
+                           const std::string c = std::get<0>(i.param);
+                           return (c == "cpu-f32" ? std::string("cpu_f32") : c) + "_" +
+                                  std::string(name(static_cast<Stage>(std::get<1>(i.param))));
                          });
 
 TEST(ParityTrace, BadInputExitsTwoWithOneLineAndNoOutputFiles) {

@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 
 // The documented deterministic prefix of `--token T --pos P`: position i < P holds token
 // (1 + 7919 i) mod V.
-int32_t prefix_token(int i, int vocab) { return int32_t((1 + 7919ll * i) % vocab); }
+int32_t prefix_token(int i, int vocab) {
+  return int32_t((1 + 7919ll * i) % vocab);
+}
 
 struct Phase {
   std::string name;
@@ -75,29 +77,45 @@ void write_atomically(const fs::path& path, const std::string& text) {
 }
 
 int trace_main(int argc, char** argv) {
-  CLI::App app{"parity-trace: run the float64 reference and a candidate backend over one stage "
-               "graph, trace both into HDF5 and name the first divergence.\n"
-               "Exit: 0 within tolerance, 1 diverged, 2 error."};
-  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, profile = "fp32", out;
+  CLI::App app{
+      "parity-trace: run the float64 reference and a candidate backend over one stage "
+      "graph, trace both into HDF5 and name the first divergence.\n"
+      "Exit: 0 within tolerance, 1 diverged, 2 error."};
+  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, profile = "fp32",
+              out;
   int token = -1, pos = -1, step_rows = 64;
   double atol = -1, rtol = -1;
-  app.add_option("--model", model, "checkpoint directory, or preset tiny|20b|120b")->capture_default_str();
-  app.add_option("--models-dir", models_dir, "where presets live (default $PARITY_MODELS_DIR, else ./models)");
-  auto* o_tokens = app.add_option("--tokens", tokens_text, "comma-separated token ids at positions 0,1,...; all traced");
-  auto* o_token = app.add_option("--token", token, "trace this token id at --pos, after the prefix (1 + 7919 i) mod vocab");
+  app.add_option("--model", model, "checkpoint directory, or preset tiny|20b|120b")
+      ->capture_default_str();
+  app.add_option("--models-dir", models_dir,
+                 "where presets live (default $PARITY_MODELS_DIR, else ./models)");
+  auto* o_tokens = app.add_option("--tokens", tokens_text,
+                                  "comma-separated token ids at positions 0,1,...; all traced");
+  auto* o_token = app.add_option(
+      "--token", token, "trace this token id at --pos, after the prefix (1 + 7919 i) mod vocab");
   auto* o_pos = app.add_option("--pos", pos, "position of --token");
   o_tokens->excludes(o_token)->excludes(o_pos);
   o_token->needs(o_pos);
   o_pos->needs(o_token);
-  app.add_option("--candidate", candidate, "candidate backend: cpu-f32, hip, reference (default: hip with a GPU, else cpu-f32)");
-  app.add_option("--inject", inject_text, "fault injection on the candidate: STAGE:LAYER[:add|nan|zero], or STAGE[:MODE] at model scope");
-  auto* o_atol = app.add_option("--atol", atol, "absolute tolerance (with --rtol; overrides the profile)");
+  app.add_option(
+      "--candidate", candidate,
+      "candidate backend: cpu-f32, hip, reference (default: hip with a GPU, else cpu-f32)");
+  app.add_option("--inject", inject_text,
+                 "fault injection on the candidate: STAGE:LAYER[:add|nan|zero], or STAGE[:MODE] at "
+                 "model scope");
+  auto* o_atol =
+      app.add_option("--atol", atol, "absolute tolerance (with --rtol; overrides the profile)");
   auto* o_rtol = app.add_option("--rtol", rtol, "relative tolerance (with --atol)");
   o_atol->needs(o_rtol);
   o_rtol->needs(o_atol);
-  app.add_option("--profile", profile, "tolerance profile: fp32, bf16, mxfp4")->capture_default_str();
-  app.add_option("--step", step_rows, "rows per forward step (prefill batch size)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--out", out, "output directory for reference.h5, candidate.h5, report.txt, report.json")->required();
+  app.add_option("--profile", profile, "tolerance profile: fp32, bf16, mxfp4")
+      ->capture_default_str();
+  app.add_option("--step", step_rows, "rows per forward step (prefill batch size)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--out", out,
+                 "output directory for reference.h5, candidate.h5, report.txt, report.json")
+      ->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -148,17 +166,23 @@ int trace_main(int argc, char** argv) {
   Tolerance tol = atol >= 0 ? Tolerance::absolute_relative(atol, rtol) : tolerance_profile(profile);
 
   fs::create_directories(out);
-  const fs::path ref_path = fs::path(out) / "reference.h5", cand_path = fs::path(out) / "candidate.h5";
+  const fs::path ref_path = fs::path(out) / "reference.h5",
+                 cand_path = fs::path(out) / "candidate.h5";
   // A stale report from an earlier run must never sit beside new traces.
   for (const char* f : {"report.txt", "report.json"}) fs::remove(fs::path(out) / f);
 
+  t0 = std::chrono::steady_clock::now();
   auto reference = make_backend("reference", *m);
-  auto cand = make_backend(candidate, *m);
+  phases.push_back({"reference setup", since(t0)});
+  t0 = std::chrono::steady_clock::now();
+  auto cand = make_backend(candidate, *m);  // the device backend uploads the weights here
+  phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
   t0 = std::chrono::steady_clock::now();
   run_backend(*reference, *m, tokens, traced, step_rows, nullptr, ref_path.string(), PARITY_COMMIT);
   phases.push_back({"reference", since(t0)});
   t0 = std::chrono::steady_clock::now();
-  run_backend(*cand, *m, tokens, traced, step_rows, inj ? &*inj : nullptr, cand_path.string(), PARITY_COMMIT);
+  run_backend(*cand, *m, tokens, traced, step_rows, inj ? &*inj : nullptr, cand_path.string(),
+              PARITY_COMMIT);
   phases.push_back({"candidate (" + cand->name() + ")", since(t0)});
 
   t0 = std::chrono::steady_clock::now();
@@ -167,9 +191,18 @@ int trace_main(int argc, char** argv) {
   phases.push_back({"diff", since(t0)});
 
   std::string timing;
-  for (const auto& p : phases) timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
+  for (const auto& p : phases)
+    timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
   TextReportOptions text_opts;
-  write_atomically(fs::path(out) / "report.txt", report_text(result, text_opts) + "timing: " + timing + "\n");
+  std::string facts_line;
+  const nlohmann::json facts = cand->facts();
+  for (const auto& [key, value] : facts.items())
+    facts_line += fmt::format("{}{}={}", facts_line.empty() ? "" : ", ", key,
+                              value.is_string() ? value.get<std::string>() : value.dump());
+  write_atomically(fs::path(out) / "report.txt",
+                   report_text(result, text_opts) + "candidate: " + cand->name() +
+                       (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n" +
+                       "timing: " + timing + "\n");
   nlohmann::json j = report_json(result);
   j["timing_seconds"] = nlohmann::json::object();
   for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
@@ -179,9 +212,11 @@ int trace_main(int argc, char** argv) {
   write_atomically(fs::path(out) / "report.json", j.dump(2) + "\n");
 
   std::cout << verdict_line(result) << "\n";
+  std::cout << "candidate: " << cand->name() << (facts_line.empty() ? "" : " (" + facts_line + ")")
+            << "\n";
   std::cout << "timing: " << timing << "\n";
-  std::cout << "traces: " << ref_path.string() << ", " << cand_path.string() << "; report: "
-            << (fs::path(out) / "report.txt").string() << "\n";
+  std::cout << "traces: " << ref_path.string() << ", " << cand_path.string()
+            << "; report: " << (fs::path(out) / "report.txt").string() << "\n";
   return result.diverged() ? kExitDiverged : kExitOk;
 }
 

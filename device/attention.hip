@@ -1,0 +1,248 @@
+// Attention with sinks, GQA and the sliding window (gpt_oss/torch/model.py sdpa), as three
+// stage kernels over the KV cache, each split over the key axis for long contexts:
+//   scores:   S[h][j] = (q_h . k_{h/g, j}) * scale for visible j, -inf for masked j <= pos,
+//             S[h][pos + 1] = sinks[h] (raw, not scaled). Visible: j <= pos and, on sliding
+//             layers, pos - j < window (window keys including the current one).
+//   softmax:  P[h] = softmax(S[h][0 .. pos + 1]); the sink takes probability mass only.
+//   output:   O_h = sum_j P[h][j] v_{h/g, j} (no value vector for the sink).
+// The KV-cache append (the `scores` stage writes this step's k_rope and v rows first) is its
+// own kernel. GQA: query head h reads KV head h / g with g = nH / nKV (integer division).
+#include <algorithm>
+
+#include "device/device_math.h"
+
+namespace parity::device {
+namespace {
+
+constexpr int kScoreTile = 64;  // keys per scores block
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int first_visible_key(int pos, int window) {
+  return window > 0 ? max(0, pos - window + 1) : 0;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    f32_kv_cache_append(AttentionShape a, const StepRow* __restrict__ rows,
+                        const float* __restrict__ k, const float* __restrict__ v) {
+  const int r = int(blockIdx.x);
+  const int kv_dim = a.n_kv * a.head_dim;
+  const int64_t at = (int64_t(a.layer) * a.max_context + rows[r].pos) * kv_dim;
+  float* kc = rows[r].k_cache + at;
+  float* vc = rows[r].v_cache + at;
+  for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x)) {
+    kc[t] = k[int64_t(r) * kv_dim + t];
+    vc[t] = v[int64_t(r) * kv_dim + t];
+  }
+}
+
+// grid (key tiles, nKV, B). The block holds the g query heads of one KV head and a tile of keys
+// in shared memory; thread item (hh, jj) computes one score with a sequential fmaf dot.
+__global__ void __launch_bounds__(kThreads)
+    f32_attention_scores_gqa_sink(AttentionShape a, const StepRow* __restrict__ rows,
+                                  const float* __restrict__ q, const float* __restrict__ sinks,
+                                  float* __restrict__ scores) {
+  extern __shared__ float smem[];
+  const int r = int(blockIdx.z), kvh = int(blockIdx.y), j0 = int(blockIdx.x) * kScoreTile;
+  const int pos = rows[r].pos, cols = pos + 2;
+  if (j0 > pos) return;
+  const int d = a.head_dim, g = a.n_heads / a.n_kv;
+  const int first = first_visible_key(pos, a.window);
+  const int j_end = min(j0 + kScoreTile, pos + 1);
+  float* srow = scores + rows[r].scores_offset + int64_t(kvh) * g * cols;  // head kvh*g, column 0
+  if (blockIdx.x == 0)
+    for (int t = int(threadIdx.x); t < g; t += int(blockDim.x))
+      srow[int64_t(t) * cols + pos + 1] = sinks[kvh * g + t];
+  const int items = g * kScoreTile;
+  if (j_end <= first) {  // the whole tile is outside the window
+    for (int t = int(threadIdx.x); t < items; t += int(blockDim.x)) {
+      const int hh = t / kScoreTile, j = j0 + t % kScoreTile;
+      if (j < j_end) srow[int64_t(hh) * cols + j] = -INFINITY;
+    }
+    return;
+  }
+  float* q_s = smem;          // [g][d]
+  float* k_s = smem + g * d;  // [tile][d + 1] (padded: conflict-free column reads)
+  const float* qr = q + (int64_t(r) * a.n_heads + int64_t(kvh) * g) * d;
+  for (int t = int(threadIdx.x); t < g * d; t += int(blockDim.x)) q_s[t] = qr[t];
+  const int kv_dim = a.n_kv * d;
+  const float* kc = rows[r].k_cache + int64_t(a.layer) * a.max_context * kv_dim + int64_t(kvh) * d;
+  for (int t = int(threadIdx.x); t < kScoreTile * d; t += int(blockDim.x)) {
+    const int jj = t / d, i = t % d, j = j0 + jj;
+    k_s[jj * (d + 1) + i] = j < j_end && j >= first ? kc[int64_t(j) * kv_dim + i] : 0.0f;
+  }
+  __syncthreads();
+  for (int t = int(threadIdx.x); t < items; t += int(blockDim.x)) {
+    const int hh = t / kScoreTile, jj = t % kScoreTile, j = j0 + jj;
+    if (j >= j_end) continue;
+    float s = -INFINITY;
+    if (j >= first) {
+      const float* qh = q_s + hh * d;
+      const float* kj = k_s + jj * (d + 1);
+      float acc = 0.0f;
+      for (int i = 0; i < d; ++i) acc = fmaf(qh[i], kj[i], acc);
+      s = acc * a.scale;
+    }
+    srow[int64_t(hh) * cols + j] = s;
+  }
+}
+
+// grid (nH, B): one block per (row, head) over the pos + 2 columns.
+__global__ void __launch_bounds__(kThreads)
+    f32_softmax_with_sink(int n_heads, const StepRow* __restrict__ rows,
+                          const float* __restrict__ scores, float* __restrict__ probs) {
+  __shared__ float scratch[32];
+  const int r = int(blockIdx.y), h = int(blockIdx.x);
+  const int cols = rows[r].pos + 2;
+  const int64_t at = rows[r].scores_offset + int64_t(h) * cols;
+  const float* s = scores + at;
+  float* p = probs + at;
+  float m = -INFINITY;
+  for (int j = int(threadIdx.x); j < cols; j += int(blockDim.x)) m = fmaxf(m, s[j]);
+  m = block_max(m, scratch);
+  float z = 0.0f;
+  for (int j = int(threadIdx.x); j < cols; j += int(blockDim.x)) z += expf(s[j] - m);
+  z = block_sum(z, scratch);
+  for (int j = int(threadIdx.x); j < cols; j += int(blockDim.x)) p[j] = expf(s[j] - m) / z;
+  (void)n_heads;
+}
+
+// grid (splits, nKV, B), block >= g d threads: thread (hh, i) sums P[h][j] v_j[i] over the keys
+// of its split in order. A row with one split writes out directly; otherwise partial sums go
+// to the workspace [B][max_splits][nH][d] and f32_attention_pv_combine adds them in order.
+__global__ void __launch_bounds__(1024)
+    f32_attention_pv_gqa(AttentionShape a, int split_keys, int max_splits,
+                         const StepRow* __restrict__ rows, const float* __restrict__ probs,
+                         float* __restrict__ workspace, float* __restrict__ out) {
+  const int r = int(blockIdx.z), kvh = int(blockIdx.y), s = int(blockIdx.x);
+  const int pos = rows[r].pos, cols = pos + 2;
+  const int splits = (pos + split_keys) / split_keys;  // ceil((pos + 1) / split_keys)
+  const int d = a.head_dim, g = a.n_heads / a.n_kv;
+  const int t = int(threadIdx.x);
+  if (s >= splits || t >= g * d) return;
+  const int hh = t / d, i = t % d, h = kvh * g + hh;
+  const int j_begin = max(s * split_keys, first_visible_key(pos, a.window));
+  const int j_end = min((s + 1) * split_keys, pos + 1);
+  const float* prow = probs + rows[r].scores_offset + int64_t(h) * cols;
+  const int kv_dim = a.n_kv * d;
+  const float* vc =
+      rows[r].v_cache + int64_t(a.layer) * a.max_context * kv_dim + int64_t(kvh) * d + i;
+  float acc = 0.0f;
+  for (int j = j_begin; j < j_end; ++j) {
+    const float p = prow[j];
+    if (p != 0.0f) acc = fmaf(p, vc[int64_t(j) * kv_dim], acc);  // zero probabilities add nothing
+  }
+  if (splits == 1)
+    out[(int64_t(r) * a.n_heads + h) * d + i] = acc;
+  else
+    workspace[((int64_t(r) * max_splits + s) * a.n_heads + h) * d + i] = acc;
+}
+
+// grid (B): rows with several splits add their partial sums in split order.
+__global__ void __launch_bounds__(kThreads)
+    f32_attention_pv_combine(AttentionShape a, int split_keys, int max_splits,
+                             const StepRow* __restrict__ rows, const float* __restrict__ workspace,
+                             float* __restrict__ out) {
+  const int r = int(blockIdx.x);
+  const int splits = (rows[r].pos + split_keys) / split_keys;
+  if (splits == 1) return;
+  const int n = a.n_heads * a.head_dim;
+  for (int t = int(threadIdx.x); t < n; t += int(blockDim.x)) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) acc += workspace[(int64_t(r) * max_splits + s) * n + t];
+    out[int64_t(r) * n + t] = acc;
+  }
+}
+
+void check_shape(const AttentionShape& a, const char* launcher) {
+  PARITY_DEVICE_REQUIRE(a.n_heads > 0 && a.n_kv > 0 && a.n_heads % a.n_kv == 0, launcher,
+                        ": heads ", a.n_heads, " must be a positive multiple of kv heads ", a.n_kv);
+  PARITY_DEVICE_REQUIRE(a.head_dim > 0, launcher, ": head_dim ", a.head_dim, " must be positive");
+  PARITY_DEVICE_REQUIRE(a.window >= 0 && a.max_context > 0 && a.layer >= 0, launcher, ": window ",
+                        a.window, ", max_context ", a.max_context, ", layer ", a.layer);
+}
+
+}  // namespace
+
+int attention_split_keys(int max_context) {
+  // At most 64 splits per row whatever the context (bounded workspace), at least 256 keys each.
+  const int per = ceil_div(std::max(max_context, 1), 64);
+  return std::max(256, ceil_div(per, 32) * 32);
+}
+
+size_t attention_workspace_floats(const AttentionShape& a, int batch) {
+  const int split = attention_split_keys(a.max_context);
+  return size_t(batch) * size_t(ceil_div(a.max_context, split)) * size_t(a.n_heads) *
+         size_t(a.head_dim);
+}
+
+void launch_f32_kv_cache_append(const AttentionShape& a, const StepRow* rows, int batch,
+                                const float* k, const float* v, hipStream_t stream) {
+  check_shape(a, "launch_f32_kv_cache_append");
+  PARITY_DEVICE_REQUIRE(rows != nullptr && k != nullptr && v != nullptr && batch > 0,
+                        "launch_f32_kv_cache_append: null pointer or empty batch");
+  f32_kv_cache_append<<<batch, kThreads, 0, stream>>>(a, rows, k, v);
+  HIP_LAUNCH_CHECK("f32_kv_cache_append", stream);
+}
+
+void launch_f32_attention_scores(const AttentionShape& a, const StepRow* rows, int batch,
+                                 int max_pos, const float* q, const float* sinks, float* scores,
+                                 hipStream_t stream) {
+  check_shape(a, "launch_f32_attention_scores");
+  PARITY_DEVICE_REQUIRE(
+      rows != nullptr && q != nullptr && sinks != nullptr && scores != nullptr && batch > 0,
+      "launch_f32_attention_scores: null pointer or empty batch");
+  PARITY_DEVICE_REQUIRE(max_pos >= 0 && max_pos < a.max_context,
+                        "launch_f32_attention_scores: ", "position ", max_pos,
+                        " outside the cache of ", a.max_context);
+  const int g = a.n_heads / a.n_kv;
+  const size_t smem = size_t(g * a.head_dim + kScoreTile * (a.head_dim + 1)) * sizeof(float);
+  PARITY_DEVICE_REQUIRE(smem <= 48 * 1024, "launch_f32_attention_scores: ", g,
+                        " heads per KV head of dimension ", a.head_dim, " need ", smem,
+                        " bytes of shared memory (limit 48 KiB)");
+  const dim3 grid(unsigned(ceil_div(max_pos + 1, kScoreTile)), unsigned(a.n_kv), unsigned(batch));
+  f32_attention_scores_gqa_sink<<<grid, kThreads, smem, stream>>>(a, rows, q, sinks, scores);
+  HIP_LAUNCH_CHECK("f32_attention_scores_gqa_sink", stream);
+}
+
+void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, const float* scores,
+                                  float* probs, hipStream_t stream) {
+  PARITY_DEVICE_REQUIRE(
+      rows != nullptr && scores != nullptr && probs != nullptr && batch > 0 && n_heads > 0,
+      "launch_f32_softmax_with_sink: null pointer, empty batch or no heads");
+  f32_softmax_with_sink<<<dim3(unsigned(n_heads), unsigned(batch)), kThreads, 0, stream>>>(
+      n_heads, rows, scores, probs);
+  HIP_LAUNCH_CHECK("f32_softmax_with_sink", stream);
+}
+
+void launch_f32_attention_pv(const AttentionShape& a, const StepRow* rows, int batch, int max_pos,
+                             const float* probs, float* workspace, float* out, hipStream_t stream) {
+  check_shape(a, "launch_f32_attention_pv");
+  PARITY_DEVICE_REQUIRE(rows != nullptr && probs != nullptr && out != nullptr && batch > 0,
+                        "launch_f32_attention_pv: null pointer or empty batch");
+  PARITY_DEVICE_REQUIRE(max_pos >= 0 && max_pos < a.max_context,
+                        "launch_f32_attention_pv: ", "position ", max_pos, " outside the cache of ",
+                        a.max_context);
+  const int g = a.n_heads / a.n_kv;
+  const int warp = device_warp_size();
+  const int threads = ceil_div(g * a.head_dim, warp) * warp;
+  PARITY_DEVICE_REQUIRE(threads <= 1024, "launch_f32_attention_pv: ", g,
+                        " heads per KV head of dimension ", a.head_dim,
+                        " exceed one block of 1024 threads");
+  const int split = attention_split_keys(a.max_context);
+  const int max_splits = ceil_div(a.max_context, split);
+  const int splits = ceil_div(max_pos + 1, split);
+  PARITY_DEVICE_REQUIRE(splits == 1 || workspace != nullptr,
+                        "launch_f32_attention_pv: positions past ", split,
+                        " keys need the split workspace");
+  const dim3 grid(unsigned(splits), unsigned(a.n_kv), unsigned(batch));
+  f32_attention_pv_gqa<<<grid, threads, 0, stream>>>(a, split, max_splits, rows, probs, workspace,
+                                                     out);
+  HIP_LAUNCH_CHECK("f32_attention_pv_gqa", stream);
+  if (splits > 1) {
+    f32_attention_pv_combine<<<batch, kThreads, 0, stream>>>(a, split, max_splits, rows, workspace,
+                                                             out);
+    HIP_LAUNCH_CHECK("f32_attention_pv_combine", stream);
+  }
+}
+
+}  // namespace parity::device

@@ -1,0 +1,224 @@
+// HIP is the source language of device/. This header is the only file that knows about CUDA:
+// on AMD it includes the HIP runtime; on NVIDIA it maps the HIP names the project uses onto
+// CUDA 13 (object-like macros where the call is the same, inline wrappers where it differs).
+// HIP's own NVIDIA headers (ROCm 5.2) do not compile against CUDA 13: they read removed
+// cudaDeviceProp fields and the old cudaMemPrefetchAsync; this mapping reads device properties
+// through hipDeviceGetAttribute only.
+//
+// It also holds the one error-check macro generator of the device code (HIP_CHECK for runtime
+// calls, HIP_LAUNCH_CHECK after a kernel launch): a failure throws parity::Error naming the
+// statement, function, file and line, with a hint where the user can act.
+//
+// Safe to include from host-only translation units (g++): the device-only parts are guarded.
+// It must not pull in fmt (model/error.h): nvcc 13 cannot compile fmt 9's headers.
+#pragma once
+
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__) || \
+    (defined(__HIP__) && !defined(__HIP_PLATFORM_NVIDIA__))
+// ---------------------------------------------------------------------------------- AMD ---
+#include <hip/hip_runtime.h>
+
+#define PARITY_DEVICE_VENDOR "amd"
+// Wavefront size of the device code being compiled: 64 on CDNA (gfx90a, gfx942). The host
+// pass has no target; launch shapes use the runtime attribute (device_warp_size()).
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define PARITY_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define PARITY_WARP_SIZE 64
+#endif
+
+namespace parity::device {
+// Device name and architecture ("gfx90a:sramecc+:xnack-").
+inline hipError_t device_name_and_arch(int device, std::string& name, std::string& arch) {
+  hipDeviceProp_t prop;
+  const hipError_t err = hipGetDeviceProperties(&prop, device);
+  if (err != hipSuccess) return err;
+  name = prop.name;
+  arch = prop.gcnArchName;
+  return hipSuccess;
+}
+}  // namespace parity::device
+
+#else
+// ------------------------------------------------------------------------------- NVIDIA ---
+#include <cuda_runtime.h>
+
+#define PARITY_DEVICE_VENDOR "nvidia"
+#define PARITY_WARP_SIZE 32
+
+// Types and constants.
+#define hipError_t cudaError_t
+#define hipSuccess cudaSuccess
+#define hipErrorNoDevice cudaErrorNoDevice
+#define hipErrorInsufficientDriver cudaErrorInsufficientDriver
+#define hipErrorOutOfMemory cudaErrorMemoryAllocation
+#define hipErrorIllegalAddress cudaErrorIllegalAddress
+#define hipStream_t cudaStream_t
+#define hipEvent_t cudaEvent_t
+#define hipStreamNonBlocking cudaStreamNonBlocking
+#define hipEventDisableTiming cudaEventDisableTiming
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipDeviceAttributeWarpSize cudaDevAttrWarpSize
+#define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+#define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+#define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
+#define hipDeviceAttributeMaxSharedMemoryPerBlock cudaDevAttrMaxSharedMemoryPerBlock
+#define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
+#define hipHostMallocDefault cudaHostAllocDefault
+
+// Calls with the same signature and meaning.
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipGetDevice cudaGetDevice
+#define hipSetDevice cudaSetDevice
+#define hipDeviceGetAttribute cudaDeviceGetAttribute
+#define hipDeviceSynchronize cudaDeviceSynchronize
+#define hipDriverGetVersion cudaDriverGetVersion
+#define hipRuntimeGetVersion cudaRuntimeGetVersion
+#define hipMemGetInfo cudaMemGetInfo
+#define hipMalloc cudaMalloc
+#define hipFree cudaFree
+#define hipHostFree cudaFreeHost
+#define hipMemcpy cudaMemcpy
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemset cudaMemset
+#define hipMemsetAsync cudaMemsetAsync
+#define hipStreamCreateWithFlags cudaStreamCreateWithFlags
+#define hipStreamDestroy cudaStreamDestroy
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipEventCreateWithFlags cudaEventCreateWithFlags
+#define hipEventDestroy cudaEventDestroy
+#define hipEventCreate cudaEventCreate
+#define hipEventRecord cudaEventRecord
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipEventSynchronize cudaEventSynchronize
+#define hipGetLastError cudaGetLastError
+#define hipPeekAtLastError cudaPeekAtLastError
+#define hipGetErrorName cudaGetErrorName
+#define hipGetErrorString cudaGetErrorString
+
+// Calls that differ.
+// hipHostMalloc(ptr, size, flags) is cudaHostAlloc; the flag values coincide (default 0,
+// portable 1, mapped 2, write-combined 4).
+inline cudaError_t hipHostMalloc(void** ptr, size_t size, unsigned int flags) {
+  return cudaHostAlloc(ptr, size, flags);
+}
+
+namespace parity::device {
+// Device name and architecture ("sm_90"). The name is read from cudaDeviceProp::name, which
+// CUDA 13 keeps; the compute capability through attributes.
+inline cudaError_t device_name_and_arch(int device, std::string& name, std::string& arch) {
+  cudaDeviceProp prop;
+  cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) return err;
+  int major = 0, minor = 0;
+  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+      cudaSuccess)
+    return err;
+  if ((err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+      cudaSuccess)
+    return err;
+  name = prop.name;
+  arch = "sm_" + std::to_string(major) + std::to_string(minor);
+  return cudaSuccess;
+}
+}  // namespace parity::device
+
+#if defined(__CUDACC__)
+// Warp shuffles: HIP's __shfl_xor(var, lane_mask, width) is the whole-warp
+// __shfl_xor_sync(full mask, ...) on NVIDIA. The project only shuffles with every lane of the
+// warp active. A renaming macro, because CUDA's host pass still declares the deprecated
+// non-sync overloads with the same signatures.
+template <typename T>
+__device__ __forceinline__ T hip_compat_shfl_xor(T var, int lane_mask, int width = 32) {
+  return __shfl_xor_sync(0xffffffffu, var, lane_mask, width);
+}
+#define __shfl_xor hip_compat_shfl_xor
+#endif  // __CUDACC__
+
+#endif  // vendor
+
+namespace parity::device {
+
+// Warp size of the compiled device code: a compile-time value inside kernels (64 on CDNA, 32 on
+// NVIDIA). Host code never uses it for launch shapes; it asks the device (device_warp_size()).
+inline constexpr int kWarpSize = PARITY_WARP_SIZE;
+
+// "hipErrorOutOfMemory (out of memory)" plus a hint where the user can act.
+inline std::string error_text(hipError_t err) {
+  std::string s = std::string(hipGetErrorName(err)) + " (" + hipGetErrorString(err) + ")";
+  if (err == hipErrorOutOfMemory)
+    s += "; HINT: the model, KV cache or batch does not fit: lower PARITY_DEVICE_MAX_CONTEXT or "
+         "the rows per step";
+  else if (err == hipErrorNoDevice || err == hipErrorInsufficientDriver)
+    s += "; HINT: no usable GPU: check the driver (nvidia-smi / rocm-smi) and the visible devices";
+  else if (err == hipErrorIllegalAddress)
+    s += "; HINT: a kernel faulted; rerun with PARITY_DEVICE_SYNC=1 (or compute-sanitizer) to "
+         "name it";
+  return s;
+}
+
+// Whether every launch is followed by a stream synchronization (PARITY_DEVICE_SYNC=1), so that
+// an asynchronous fault is reported at the kernel that caused it.
+inline bool sync_after_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("PARITY_DEVICE_SYNC");
+    return v != nullptr && *v != 0 && std::string(v) != "0";
+  }();
+  return on;
+}
+
+// The handler behind every device check: `statement` failed in `function` at `file:line`;
+// throws parity::Error. Defined in device/device_check.cpp (host compiler): device translation
+// units never include fmt, which nvcc 13 cannot parse.
+[[noreturn]] void check_failed(const char* statement, const char* function, const char* file,
+                               int line, const std::string& what);
+
+// Concatenates values streamed into one string: concat("rows ", 3, " of ", 4).
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream s;
+  (s << ... << args);
+  return s.str();
+}
+
+}  // namespace parity::device
+
+// The check-macro generator: evaluates `expr` once; when it is not `ok`, throws parity::Error
+// with `statement_text`, the function, file and line, and describe(result).
+#define PARITY_DEVICE_CHECK_GEN(expr, statement_text, ok, describe)                \
+  do {                                                                             \
+    const auto parity_device_result_ = (expr);                                     \
+    if (parity_device_result_ != (ok))                                             \
+      ::parity::device::check_failed(statement_text, __func__, __FILE__, __LINE__, \
+                                     describe(parity_device_result_));             \
+  } while (0)
+
+// An argument check in a launcher or the backend: PARITY_DEVICE_REQUIRE(n > 0, "n ", n, " ...").
+// Throws parity::Error with the message, the condition, function, file and line.
+#define PARITY_DEVICE_REQUIRE(cond, ...)                                     \
+  do {                                                                       \
+    if (!(cond))                                                             \
+      ::parity::device::check_failed(#cond, __func__, __FILE__, __LINE__,    \
+                                     ::parity::device::concat(__VA_ARGS__)); \
+  } while (0)
+
+// A HIP runtime call: HIP_CHECK(hipMalloc(&p, n));
+#define HIP_CHECK(call) \
+  PARITY_DEVICE_CHECK_GEN(call, #call, hipSuccess, ::parity::device::error_text)
+
+// After a launch on `stream`: the launch itself (bad configuration), and with
+// PARITY_DEVICE_SYNC=1 its execution.
+#define HIP_LAUNCH_CHECK(kernel_name, stream)                                            \
+  do {                                                                                   \
+    PARITY_DEVICE_CHECK_GEN(hipGetLastError(), "launch of " kernel_name, hipSuccess,     \
+                            ::parity::device::error_text);                               \
+    if (::parity::device::sync_after_launch())                                           \
+      PARITY_DEVICE_CHECK_GEN(hipStreamSynchronize(stream), "execution of " kernel_name, \
+                              hipSuccess, ::parity::device::error_text);                 \
+  } while (0)

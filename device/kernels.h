@@ -1,0 +1,157 @@
+// The device kernels of the gpt-oss forward pass, one launcher per kernel, callable from host
+// C++ (the backend, the kernel tests). Each launcher validates its arguments (parity::Error
+// naming the launcher and the argument), picks the launch shape and checks the launch.
+//
+// Conventions: activations are float32, row-major, one row per token of the step (`batch` rows).
+// Matrices keep their checkpoint dtype (BF16, F16, F32), stored [out, in] as PyTorch does;
+// MXFP4 experts stay as blocks/scales. Every output element is produced by one thread or one
+// warp in a fixed order (explicit fmaf in dot products, fixed shuffle trees, no atomics), so
+// a row's result does not depend on the other rows of the batch or on the run.
+//
+// Files (same base names as reference/): embedding.hip, rmsnorm.hip, linear.hip, rope.hip,
+// attention.hip, router.hip, experts.hip, swiglu.hip, residual.hip.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "device/hip_compat.h"
+
+namespace parity::device {
+
+// Element type of a matrix kept on the device in its checkpoint dtype.
+enum class WeightType : int { bf16, f16, f32 };
+std::string_view weight_type_name(WeightType t);
+size_t weight_type_size(WeightType t);
+
+// A row-major matrix [rows, cols] in device memory.
+struct Matrix {
+  WeightType type = WeightType::bf16;
+  const void* data = nullptr;
+  int rows = 0, cols = 0;
+};
+
+// One row of the current step, as the kernels read it (uploaded once per step).
+struct StepRow {
+  int32_t token = 0;
+  int32_t pos = 0;            // absolute position
+  int64_t scores_offset = 0;  // element offset of the row's [nH, pos+2] block in scores/att
+  float* k_cache = nullptr;   // the row's sequence: [layers][max_context][nKV d] rotated keys
+  float* v_cache = nullptr;   // [layers][max_context][nKV d] values
+};
+
+// Warp (wavefront) size of the current device, from the runtime; cached per device.
+int device_warp_size();
+// Warp size the device code was compiled for (a kernel reports it); must equal the above.
+int compiled_warp_size(hipStream_t stream);
+
+// embedding: x (B, H) = float(table[token_r]) for each row (no scaling). table [V, H].
+void launch_f32_embedding_gather(const Matrix& table, const StepRow* rows, int batch, float* x,
+                                 hipStream_t stream);
+
+// rmsnorm: y (B, n) = x / sqrt(mean(x^2) + eps) * weight, weight (n,) in its checkpoint dtype.
+// (gpt_oss/torch/model.py RMSNorm; the order (x * inv) * weight as in reference/rmsnorm.cpp)
+void launch_f32_rmsnorm(const float* x, WeightType weight_type, const void* weight, int batch,
+                        int n, float eps, float* y, hipStream_t stream);
+
+// gemv: y[b, col + j] = W[j, :] . x[b, :] + bias[j] for each segment (W [out, in], bias (out,)
+// float or null). Segments stack their outputs side by side in y (qkv: q | k | v). With
+// `residual`, also resid_out[b, j] = residual[b, j] + y[b, j] (o_proj -> resid_attn).
+struct GemvSegment {
+  Matrix w;
+  const float* bias = nullptr;
+  int y_col = 0;
+};
+struct GemvResidual {
+  const float* residual = nullptr;  // (B, ld) ; null: no epilogue
+  float* out = nullptr;
+  int ld = 0;
+};
+void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
+                          float* y, int ldy, GemvResidual residual, hipStream_t stream);
+
+// qkv split + YaRN RoPE (half-split pairs, gpt_oss/torch/model.py _apply_rotary_emb):
+//   for head h of q (nH heads) and k (nKV heads), i < d/2, angle = pos * inv_freq[i] (float):
+//   out[i] = x[i] c - x[i + d/2] s,  out[i + d/2] = x[i + d/2] c + x[i] s,
+//   c = cos(angle) * concentration, s = sin(angle) * concentration.  v is copied unrotated.
+// qkv (B, (nH + 2 nKV) d) -> q (B, nH d), k (B, nKV d), v (B, nKV d). inv_freq (d/2,) on device.
+void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int batch, int n_heads,
+                                    int n_kv, int head_dim, const float* inv_freq,
+                                    float concentration, float* q, float* k, float* v,
+                                    hipStream_t stream);
+
+// Shape of one attention layer.
+struct AttentionShape {
+  int n_heads = 0, n_kv = 0, head_dim = 0;
+  int window = 0;       // sliding window (keys pos - window < j <= pos), 0 = full causal
+  int max_context = 0;  // positions per layer in the KV cache
+  int layer = 0;
+  float scale = 0;  // 1 / sqrt(head_dim)
+};
+
+// KV-cache append: cache_k[layer][pos_r] = k[r], cache_v[layer][pos_r] = v[r] (nKV d each).
+void launch_f32_kv_cache_append(const AttentionShape& a, const StepRow* rows, int batch,
+                                const float* k, const float* v, hipStream_t stream);
+
+// scores (per row, packed at scores_offset): S[h][j] = (q_h . k_{h / g, j}) * scale for visible
+// j (j <= pos; sliding: pos - j < window), -inf for masked j <= pos, S[h][pos + 1] = sinks[h]
+// (raw). GQA: query head h reads KV head h / g, g = nH / nKV. Split over the key axis in tiles.
+// `max_pos` is the largest position of the batch (grid size; a host value).
+void launch_f32_attention_scores(const AttentionShape& a, const StepRow* rows, int batch,
+                                 int max_pos, const float* q, const float* sinks, float* scores,
+                                 hipStream_t stream);
+
+// softmax with the sink column: P[h][:] = softmax(S[h][0 .. pos + 1]) per row and head;
+// m = max, p = exp(s - m) / sum(exp(s - m)); masked (-inf) entries give exactly 0.
+void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, const float* scores,
+                                  float* probs, hipStream_t stream);
+
+// attention output: O[h] (d,) = sum over visible j of P[h][j] v_{h / g, j} (sink column unused;
+// zero probabilities skipped as in reference/attention.cpp). Split over the key axis in chunks
+// of `split_keys`; partial sums (workspace) are combined in chunk order. out (B, nH d).
+int attention_split_keys(int max_context);  // chunk length for a cache of max_context
+size_t attention_workspace_floats(const AttentionShape& a, int batch);
+void launch_f32_attention_pv(const AttentionShape& a, const StepRow* rows, int batch, int max_pos,
+                             const float* probs, float* workspace, float* out, hipStream_t stream);
+
+// router: top-k of the logits g (B, E) (descending; ties: lowest expert index), then
+// w = softmax(g[idx]) over the k selected only. With select = false, idx is read (it was
+// overwritten) and only w is recomputed.
+void launch_f32_router_topk_softmax(const float* logits, int batch, int n_experts, int k,
+                                    bool select, int32_t* idx, float* w, hipStream_t stream);
+
+// Expert weights of one layer projection: W[e] is [out, in] mathematically.
+struct ExpertWeights {
+  bool mxfp4 = true;
+  const uint8_t* blocks = nullptr;  // mxfp4: [E, out, in / 32, 16]
+  const uint8_t* scales = nullptr;  // mxfp4: [E, out, in / 32] (E8M0)
+  WeightType dense_type = WeightType::bf16;
+  const void* dense = nullptr;  // dense: [E, in, out] (input-major, transformers layout)
+  const float* bias = nullptr;  // [E, out]
+  int experts = 0, out = 0, in = 0;
+};
+
+// expert GEMV for every (row, slot): y[r][s] (out,) = W[e] x + b[e], e = idx[r][s] read from
+// device memory. x row of slot s of row r is x + r * x_row_stride + s * x_slot_stride.
+// With `act` (mlp1): also act[r][s][i] = swiglu(y[2i], y[2i + 1]) (see launch_f32_swiglu).
+// y (B, k, out); act (B, k, out / 2).
+void launch_f32_moe_gemv(const ExpertWeights& w, const int32_t* idx, int batch, int k,
+                         const float* x, int x_row_stride, int x_slot_stride, float* y, float* act,
+                         float alpha, float limit, hipStream_t stream);
+
+// swiglu (gpt_oss/torch/model.py swiglu, alpha 1.702, limit 7) on h (n, 2I) interleaved:
+//   gate = min(h[2i], limit); lin = clamp(h[2i + 1], -limit, limit);
+//   a[i] = gate * sigmoid(alpha * gate) * (lin + 1).        a (n, I); n = B k.
+void launch_f32_swiglu(const float* h, int n, int inter, float alpha, float limit, float* a,
+                       hipStream_t stream);
+
+// moe_out[b] (n,) = sum over slots s (in order) of w[b][s] * expert_out[b][s] (n,);
+// with resid_out: resid_out[b] = residual[b] + moe_out[b].
+void launch_f32_moe_weighted_sum_residual(const float* w, const float* expert_out, int batch, int k,
+                                          int n, const float* residual, float* moe_out,
+                                          float* resid_out, hipStream_t stream);
+
+// y (count,) = a + b.
+void launch_f32_add(const float* a, const float* b, int64_t count, float* y, hipStream_t stream);
+
+}  // namespace parity::device

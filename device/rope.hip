@@ -1,0 +1,63 @@
+// qkv split + YaRN RoPE (gpt_oss/torch/model.py RotaryEmbedding / _apply_rotary_emb): the
+// fused qkv row is split into q (nH heads), k (nKV heads) and v (nKV heads); q and k are rotated
+// in half-split (NeoX) pairs (i, i + d/2); v is copied. Three stage outputs from one kernel:
+// q_rope, k_rope and v depend only on qkv, so producing them together is exact.
+//   angle = float(pos) * inv_freq[i]   (inv_freq: the YaRN table computed in double on the host
+//   from Rope::from_config and rounded to float; the angle in float, as transformers does)
+//   c = cos(angle) * concentration, s = sin(angle) * concentration
+//   out[i] = x[i] c - x[i + d/2] s,   out[i + d/2] = x[i + d/2] c + x[i] s
+#include "device/device_math.h"
+
+namespace parity::device {
+namespace {
+
+__global__ void __launch_bounds__(256)
+    f32_qkv_split_yarn_rope(const float* __restrict__ qkv, const StepRow* __restrict__ rows,
+                            int n_heads, int n_kv, int head_dim, const float* __restrict__ inv_freq,
+                            float concentration, float* __restrict__ q, float* __restrict__ k,
+                            float* __restrict__ v) {
+  const int r = int(blockIdx.x);
+  const int half = head_dim / 2;
+  const int qkv_dim = (n_heads + 2 * n_kv) * head_dim;
+  const float* src = qkv + int64_t(r) * qkv_dim;
+  const float pos = float(rows[r].pos);
+  const int pairs = (n_heads + n_kv) * half;
+  for (int t = int(threadIdx.x); t < pairs; t += int(blockDim.x)) {
+    const int head = t / half, i = t % half;
+    const float angle = pos * inv_freq[i];
+    const float c = cosf(angle) * concentration;
+    const float s = sinf(angle) * concentration;
+    const float* x = src + head * head_dim;  // q heads, then k heads: contiguous in qkv
+    float* out = head < n_heads ? q + (int64_t(r) * n_heads + head) * head_dim
+                                : k + (int64_t(r) * n_kv + (head - n_heads)) * head_dim;
+    const float x1 = x[i], x2 = x[i + half];
+    out[i] = x1 * c - x2 * s;
+    out[i + half] = x2 * c + x1 * s;
+  }
+  const int kv_dim = n_kv * head_dim;
+  const float* vsrc = src + (n_heads + n_kv) * head_dim;
+  for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x))
+    v[int64_t(r) * kv_dim + t] = vsrc[t];
+}
+
+}  // namespace
+
+void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int batch, int n_heads,
+                                    int n_kv, int head_dim, const float* inv_freq,
+                                    float concentration, float* q, float* k, float* v,
+                                    hipStream_t stream) {
+  PARITY_DEVICE_REQUIRE(qkv != nullptr && rows != nullptr && inv_freq != nullptr && q != nullptr &&
+                            k != nullptr && v != nullptr,
+                        "launch_f32_qkv_split_yarn_rope: null pointer argument");
+  PARITY_DEVICE_REQUIRE(batch > 0 && n_heads > 0 && n_kv > 0,
+                        "launch_f32_qkv_split_yarn_rope: batch ", batch, ", heads ", n_heads,
+                        ", kv heads ", n_kv, " must be positive");
+  PARITY_DEVICE_REQUIRE(head_dim > 0 && head_dim % 2 == 0,
+                        "launch_f32_qkv_split_yarn_rope: head_dim ", head_dim,
+                        " must be positive and even (half-split pairs)");
+  f32_qkv_split_yarn_rope<<<batch, 256, 0, stream>>>(qkv, rows, n_heads, n_kv, head_dim, inv_freq,
+                                                     concentration, q, k, v);
+  HIP_LAUNCH_CHECK("f32_qkv_split_yarn_rope", stream);
+}
+
+}  // namespace parity::device

@@ -1,0 +1,1126 @@
+// Each device kernel against the float64 reference ops (reference/ops.h) on random inputs:
+// builder-style cases over shapes, named for their boundaries (sizes that are not a multiple of
+// the block, one expert, window edges, positions 0, W-1, W, long contexts past one key split).
+// Every case poisons its outputs (NaN) and guards the memory after them (a sentinel), then
+// checks elementwise |got - want| <= atol + rtol |want| (atol from a rounding bound of the
+// kernel's summation), NMSE and cosine; the case's parameters are printed on failure.
+// With no GPU the tests skip; a build without a device backend compiles none of this.
+#include <gtest/gtest.h>
+
+#ifdef PARITY_HAVE_DEVICE
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "device/device_buffer.h"
+#include "device/hip_backend.h"
+#include "device/kernels.h"
+#include "model/config.h"
+#include "model/error.h"
+#include "model/numerics.h"
+#include "reference/ops.h"
+
+namespace parity::device {
+namespace {
+
+constexpr double kU = 0x1p-24;  // float unit roundoff
+constexpr float kSentinel = 1234.5f;
+constexpr size_t kGuard = 64;  // sentinel floats after every output
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const double kInf = std::numeric_limits<double>::infinity();
+
+class DeviceKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!device_available()) GTEST_SKIP() << "no GPU: " << device_unavailable_reason();
+  }
+};
+
+// ------------------------------------------------------------------------------ helpers ---
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& v) {
+  DeviceBuffer b(std::max<size_t>(1, v.size()) * sizeof(T));
+  if (!v.empty())
+    HIP_CHECK(hipMemcpy(b.as(), v.data(), v.size() * sizeof(T), hipMemcpyHostToDevice));
+  return b;
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer& b, size_t n) {
+  std::vector<T> v(n);
+  HIP_CHECK(hipDeviceSynchronize());
+  HIP_CHECK(hipMemcpy(v.data(), b.as(), n * sizeof(T), hipMemcpyDeviceToHost));
+  return v;
+}
+
+// An output of n floats, poisoned with NaN, followed by kGuard sentinels.
+class Output {
+ public:
+  explicit Output(size_t n) : n_(n) {
+    std::vector<float> init(n + kGuard, kSentinel);
+    std::fill(init.begin(), init.begin() + long(n), kNaN);
+    buf_ = upload(init);
+  }
+  float* ptr() const { return buf_.as<float>(); }
+  // The n values; fails the test when the guard after them was written.
+  std::vector<float> fetch() const {
+    std::vector<float> all = download<float>(buf_, n_ + kGuard);
+    for (size_t i = n_; i < all.size(); ++i)
+      if (all[i] != kSentinel) {
+        ADD_FAILURE() << "the kernel wrote past its output: element " << i << " of " << n_;
+        break;
+      }
+    all.resize(n_);
+    return all;
+  }
+
+ private:
+  size_t n_;
+  DeviceBuffer buf_;
+};
+
+// Elementwise criterion with a per-element absolute tolerance, plus NMSE and cosine.
+struct Tol {
+  std::vector<double> atol;  // per element (or one value for all)
+  double rtol = 0;
+  double max_nmse = 1e-10;
+  double at(size_t i) const { return atol.size() == 1 ? atol[0] : atol[i]; }
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, const Tol& tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first_bad = 0, worst = 0;
+  double worst_ratio = 0, err2 = 0, ref2 = 0, dot = 0, got2 = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    bool ok;
+    if (std::isnan(w) || std::isnan(g)) {
+      ok = false;  // no case has NaN in the reference: a NaN is an unwritten or poisoned value
+    } else if (std::isinf(w) || std::isinf(g)) {
+      ok = g == w;  // masked scores: exactly -inf on both sides
+    } else {
+      const double lim = tol.at(i) + tol.rtol * std::fabs(w);
+      ok = std::fabs(g - w) <= lim;
+      const double ratio = lim > 0 ? std::fabs(g - w) / lim : (g == w ? 0 : kInf);
+      if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+      err2 += (g - w) * (g - w);
+      ref2 += w * w;
+      dot += g * w;
+      got2 += g * g;
+    }
+    if (!ok && bad++ == 0) first_bad = i;
+  }
+  const double nmse = ref2 > 0 ? err2 / ref2 : err2;
+  const double cosine = ref2 > 0 && got2 > 0 ? dot / std::sqrt(ref2 * got2) : 1.0;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " elements out of tolerance; first at " << first_bad << ": got "
+                     << got[first_bad] << ", want " << want[first_bad] << " (atol "
+                     << tol.at(first_bad) << ", rtol " << tol.rtol << ")";
+  EXPECT_LE(nmse, tol.max_nmse) << what << ": NMSE " << nmse;
+  EXPECT_GE(cosine, 1 - 1e-9) << what << ": cosine " << cosine << " (largest share of tolerance "
+                              << worst_ratio << " at " << worst << ")";
+}
+
+// Rounding bound of a float dot product evaluated as a chain of `chain` roundings:
+// |error| <= gamma(chain) * sum |a_i b_i|, doubled for margin.
+double dot_atol(int chain, double abs_sum) {
+  return 2 * chain * kU / (1 - chain * kU) * abs_sum + 1e-30;
+}
+// Chain length of a warp-parallel dot of n terms (per-lane fmaf chain, then the butterfly).
+int warp_dot_chain(int n) {
+  const int w = device_warp_size();
+  return (n + w - 1) / w + 8 + int(std::log2(w)) + 2;
+}
+
+std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<double> to_double(std::span<const float> v) {
+  return {v.begin(), v.end()};
+}
+
+// A matrix in one of the checkpoint dtypes, host bytes plus the exact decoded values.
+struct HostMatrix {
+  WeightType type;
+  std::vector<uint8_t> bytes;
+  std::vector<double> values;
+  TensorView view(std::vector<int64_t> shape) const {
+    TensorView t;
+    t.name = "test";
+    t.file = "test";
+    t.dtype = type == WeightType::bf16  ? DType::BF16
+              : type == WeightType::f16 ? DType::F16
+                                        : DType::F32;
+    t.shape = std::move(shape);
+    t.data = bytes.data();
+    t.nbytes = bytes.size();
+    return t;
+  }
+};
+
+HostMatrix random_matrix(std::mt19937_64& rng, WeightType type, size_t n, float scale = 1.0f) {
+  HostMatrix m{type, {}, {}};
+  m.values.resize(n);
+  m.bytes.resize(n * weight_type_size(type));
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::uniform_int_distribution<int> bits(0, 0xffff);
+  for (size_t i = 0; i < n; ++i) {
+    if (type == WeightType::bf16) {
+      const uint16_t b = float_to_bf16(d(rng));
+      std::memcpy(&m.bytes[2 * i], &b, 2);
+      m.values[i] = bf16_to_float(b);
+    } else if (type == WeightType::f16) {
+      // Random sign and mantissa, exponents around 1 (and some subnormals, exponent 0).
+      const int r = bits(rng);
+      const uint16_t exp = uint16_t(i % 97 == 0 ? 0 : 11 + (r % 5));
+      const uint16_t b = uint16_t((r & 0x8000) | (exp << 10) | (bits(rng) & 0x3ff));
+      std::memcpy(&m.bytes[2 * i], &b, 2);
+      m.values[i] = f16_to_float(b);
+    } else {
+      const float f = d(rng);
+      std::memcpy(&m.bytes[4 * i], &f, 4);
+      m.values[i] = f;
+    }
+  }
+  return m;
+}
+
+// A BF16 vector as the checkpoint stores biases: values and a view.
+struct HostBf16 {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+  TensorView view(std::vector<int64_t> shape) const {
+    TensorView t;
+    t.name = "bias";
+    t.file = "test";
+    t.dtype = DType::BF16;
+    t.shape = std::move(shape);
+    t.data = reinterpret_cast<const uint8_t*>(bits.data());
+    t.nbytes = bits.size() * 2;
+    return t;
+  }
+};
+HostBf16 random_bf16(std::mt19937_64& rng, size_t n, float scale) {
+  HostBf16 v;
+  std::uniform_real_distribution<float> d(-scale, scale);
+  for (size_t i = 0; i < n; ++i) {
+    v.bits.push_back(float_to_bf16(d(rng)));
+    v.values.push_back(bf16_to_float(v.bits.back()));
+  }
+  return v;
+}
+
+const char* type_name(WeightType t) {
+  return weight_type_name(t).data();
+}
+
+// -------------------------------------------------------------------------- warp size ---
+
+TEST_F(DeviceKernels, CompiledWarpSizeMatchesTheDevice) {
+  EXPECT_EQ(compiled_warp_size(nullptr), device_warp_size());
+}
+
+// -------------------------------------------------------------------------- embedding ---
+
+class EmbeddingCase {
+ public:
+  EmbeddingCase& vocab(int v) {
+    vocab_ = v;
+    return *this;
+  }
+  EmbeddingCase& hidden(int h) {
+    hidden_ = h;
+    return *this;
+  }
+  EmbeddingCase& type(WeightType t) {
+    type_ = t;
+    return *this;
+  }
+  std::string describe() const {
+    return fmt::format("embedding vocab={} hidden={} type={}", vocab_, hidden_, type_name(type_));
+  }
+  void run() const {
+    SCOPED_TRACE(describe());
+    std::mt19937_64 rng(7);
+    const HostMatrix table = random_matrix(rng, type_, size_t(vocab_) * hidden_);
+    const std::vector<int32_t> tokens = {0, vocab_ - 1, vocab_ / 2, 0};
+    std::vector<StepRow> rows(tokens.size());
+    for (size_t r = 0; r < rows.size(); ++r) rows[r].token = tokens[r];
+    DeviceBuffer dt = upload(table.bytes), dr = upload(rows);
+    Output x(tokens.size() * hidden_);
+    launch_f32_embedding_gather({type_, dt.as(), vocab_, hidden_}, dr.as<StepRow>(),
+                                int(rows.size()), x.ptr(), nullptr);
+    std::vector<double> want(tokens.size() * hidden_);
+    const TensorView tv = table.view({vocab_, hidden_});
+    for (size_t r = 0; r < tokens.size(); ++r)
+      ref::embedding(tv, tokens[r], want.data() + r * hidden_);
+    expect_close(x.fetch(), want, {{0.0}, 0.0, 0.0}, "embedding");  // decoding is exact
+  }
+
+ private:
+  int vocab_ = 50, hidden_ = 64;
+  WeightType type_ = WeightType::bf16;
+};
+
+TEST_F(DeviceKernels, EmbeddingBf16FirstAndLastToken) {
+  EmbeddingCase().vocab(50).hidden(2880).run();
+}
+TEST_F(DeviceKernels, EmbeddingHiddenNotMultipleOfBlock) {
+  EmbeddingCase().hidden(257).run();
+}
+TEST_F(DeviceKernels, EmbeddingF16AndF32Tables) {
+  EmbeddingCase().type(WeightType::f16).hidden(100).run();
+  EmbeddingCase().type(WeightType::f32).hidden(100).run();
+}
+
+// ---------------------------------------------------------------------------- rmsnorm ---
+
+class RmsNormCase {
+ public:
+  RmsNormCase& rows(int r) {
+    rows_ = r;
+    return *this;
+  }
+  RmsNormCase& channels(int c) {
+    channels_ = c;
+    return *this;
+  }
+  RmsNormCase& type(WeightType t) {
+    type_ = t;
+    return *this;
+  }
+  std::string describe() const {
+    return fmt::format("rmsnorm rows={} channels={} weight={}", rows_, channels_, type_name(type_));
+  }
+  void run() const {
+    SCOPED_TRACE(describe());
+    std::mt19937_64 rng(11 + uint64_t(channels_));
+    const std::vector<float> x = random_floats(rng, size_t(rows_) * channels_, -3, 3);
+    const HostMatrix w = random_matrix(rng, type_, size_t(channels_), 2.0f);
+    DeviceBuffer dx = upload(x), dw = upload(w.bytes);
+    Output y(x.size());
+    const double eps = 1e-5;
+    launch_f32_rmsnorm(dx.as<float>(), type_, dw.as(), rows_, channels_, float(eps), y.ptr(),
+                       nullptr);
+    std::vector<double> want(x.size());
+    const std::vector<double> xd = to_double(x);
+    for (int r = 0; r < rows_; ++r)
+      ref::rmsnorm(xd.data() + size_t(r) * channels_, w.values.data(), channels_,
+                   double(float(eps)), want.data() + size_t(r) * channels_);
+    // Sum of squares (chain over the block) then sqrt, divide and two products.
+    const double rel = 2 * (double(channels_) / 256 + 16 + 8) * kU;
+    expect_close(y.fetch(), want, {{1e-30}, rel, 1e-11}, "rmsnorm");
+  }
+
+ private:
+  int rows_ = 1, channels_ = 64;
+  WeightType type_ = WeightType::bf16;
+};
+
+TEST_F(DeviceKernels, RmsNormOneRowOneChannel) {
+  RmsNormCase().rows(1).channels(1).run();
+}
+TEST_F(DeviceKernels, RmsNormChannelsNotMultipleOfBlock) {
+  RmsNormCase().rows(3).channels(257).run();
+}
+TEST_F(DeviceKernels, RmsNormRealWidth) {
+  RmsNormCase().rows(3).channels(2880).run();
+}
+TEST_F(DeviceKernels, RmsNormF16AndF32Weights) {
+  RmsNormCase().rows(2).channels(2880).type(WeightType::f16).run();
+  RmsNormCase().rows(2).channels(2880).type(WeightType::f32).run();
+}
+
+// ------------------------------------------------------------------------------- gemv ---
+
+class GemvCase {
+ public:
+  GemvCase& out(int v) {
+    out_ = v;
+    return *this;
+  }
+  GemvCase& in(int v) {
+    in_ = v;
+    return *this;
+  }
+  GemvCase& batch(int v) {
+    batch_ = v;
+    return *this;
+  }
+  GemvCase& type(WeightType t) {
+    type_ = t;
+    return *this;
+  }
+  GemvCase& bias(bool b) {
+    bias_ = b;
+    return *this;
+  }
+  GemvCase& segments(int s) {
+    segments_ = s;
+    return *this;
+  }
+  GemvCase& residual(bool r) {
+    residual_ = r;
+    return *this;
+  }
+  std::string describe() const {
+    return fmt::format("gemv out={} in={} batch={} type={} bias={} segments={} residual={}", out_,
+                       in_, batch_, type_name(type_), bias_, segments_, residual_);
+  }
+  void run() const {
+    SCOPED_TRACE(describe());
+    std::mt19937_64 rng(3 + uint64_t(out_) * 31 + uint64_t(in_));
+    // Segments stacked side by side like q | k | v.
+    std::vector<int> seg_rows = {out_};
+    if (segments_ == 3) seg_rows = {out_, out_ / 2 + 1, 7};
+    int ldy = 0;
+    for (int r : seg_rows) ldy += r;
+    const std::vector<float> x = random_floats(rng, size_t(batch_) * in_, -1, 1);
+    const std::vector<double> xd = to_double(x);
+    std::vector<HostMatrix> w;
+    std::vector<HostBf16> b;
+    std::vector<DeviceBuffer> dw, db;
+    std::vector<GemvSegment> segs;
+    std::vector<double> want(size_t(batch_) * ldy), abs_sum(want.size());
+    int col = 0;
+    for (int rows : seg_rows) {
+      w.push_back(random_matrix(rng, type_, size_t(rows) * in_));
+      b.push_back(random_bf16(rng, size_t(rows), 0.5f));
+      dw.push_back(upload(w.back().bytes));
+      db.push_back(upload(b.back().values));
+      segs.push_back(
+          {{type_, dw.back().as(), rows, in_}, bias_ ? db.back().as<float>() : nullptr, col});
+      const TensorView wv = w.back().view({rows, in_}), bv = b.back().view({rows});
+      Linear lin;
+      lin.weight = &wv;
+      lin.bias = bias_ ? &bv : nullptr;
+      lin.out = rows;
+      lin.in = in_;
+      std::vector<double> y(size_t(batch_) * rows);
+      ref::linear(lin, xd.data(), batch_, y.data());
+      for (int bb = 0; bb < batch_; ++bb)
+        for (int j = 0; j < rows; ++j) {
+          want[size_t(bb) * ldy + col + j] = y[size_t(bb) * rows + j];
+          double s = bias_ ? std::fabs(b.back().values[size_t(j)]) : 0;
+          for (int i = 0; i < in_; ++i)
+            s += std::fabs(w.back().values[size_t(j) * in_ + i] * xd[size_t(bb) * in_ + i]);
+          abs_sum[size_t(bb) * ldy + col + j] = s;
+        }
+      col += rows;
+    }
+    const std::vector<float> resid = random_floats(rng, want.size(), -4, 4);
+    DeviceBuffer dx = upload(x), dres = upload(resid);
+    Output y(want.size()), ro(want.size());
+    GemvResidual epi;
+    if (residual_) epi = {dres.as<float>(), ro.ptr(), ldy};
+    launch_f32_gemv_bias(segs, dx.as<float>(), in_, batch_, y.ptr(), ldy, epi, nullptr);
+    Tol tol{std::vector<double>(want.size()), 0.0, 1e-10};
+    for (size_t i = 0; i < want.size(); ++i)
+      tol.atol[i] = dot_atol(warp_dot_chain(in_) + 1, abs_sum[i]);
+    const std::vector<float> got = y.fetch();
+    expect_close(got, want, tol, "y");
+    if (residual_) {
+      std::vector<double> want_r(want.size());
+      for (size_t i = 0; i < want.size(); ++i) want_r[i] = double(resid[i]) + want[i];
+      for (size_t i = 0; i < want.size(); ++i)
+        tol.atol[i] += 2 * kU * (std::fabs(resid[i]) + abs_sum[i]);
+      expect_close(ro.fetch(), want_r, tol, "residual + y");
+      // Fused epilogue == the separate add of the same rounded values.
+      const std::vector<float> fused = ro.fetch();
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(fused[i], resid[i] + got[i]) << i;
+    }
+  }
+
+ private:
+  int out_ = 64, in_ = 64, batch_ = 1, segments_ = 1;
+  WeightType type_ = WeightType::bf16;
+  bool bias_ = true, residual_ = false;
+};
+
+TEST_F(DeviceKernels, GemvOutNotMultipleOfRowsPerBlock) {
+  GemvCase().out(517).in(2880).run();
+}
+TEST_F(DeviceKernels, GemvOneOutputRow) {
+  GemvCase().out(1).in(64).batch(3).run();
+}
+TEST_F(DeviceKernels, GemvBatchNinePastOneRowChunk) {
+  GemvCase().out(130).in(2880).batch(9).run();
+}
+TEST_F(DeviceKernels, GemvBatchSizesOneToFive) {
+  for (int b = 1; b <= 5; ++b) GemvCase().out(33).in(96).batch(b).run();
+}
+TEST_F(DeviceKernels, GemvInputNotMultipleOfEightTakesTheScalarPath) {
+  GemvCase().out(40).in(13).batch(2).run();
+  GemvCase().out(40).in(1).batch(1).run();
+}
+TEST_F(DeviceKernels, GemvF16AndF32Weights) {
+  GemvCase().out(100).in(2880).batch(2).type(WeightType::f16).run();
+  GemvCase().out(100).in(2880).batch(2).type(WeightType::f32).run();
+}
+TEST_F(DeviceKernels, GemvWithoutBias) {
+  GemvCase().out(77).in(256).batch(2).bias(false).run();
+}
+TEST_F(DeviceKernels, GemvThreeSegmentsLikeQkv) {
+  GemvCase().out(64).in(64).batch(3).segments(3).run();
+}
+TEST_F(DeviceKernels, GemvResidualEpilogue) {
+  GemvCase().out(2880).in(512).batch(2).residual(true).run();
+}
+
+TEST_F(DeviceKernels, GemvRowResultDoesNotDependOnTheBatch) {
+  // The same row alone and as row 5 of 9: bitwise equal (fixed per-row order, no atomics).
+  std::mt19937_64 rng(99);
+  const int out = 300, in = 2880, batch = 9;
+  const HostMatrix w = random_matrix(rng, WeightType::bf16, size_t(out) * in);
+  const std::vector<float> x = random_floats(rng, size_t(batch) * in, -1, 1);
+  DeviceBuffer dw = upload(w.bytes), dx = upload(x);
+  const GemvSegment seg{{WeightType::bf16, dw.as(), out, in}, nullptr, 0};
+  Output all(size_t(batch) * out), one(static_cast<size_t>(out));
+  launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {}, nullptr);
+  launch_f32_gemv_bias({&seg, 1}, dx.as<float>() + 5 * in, in, 1, one.ptr(), out, {}, nullptr);
+  const std::vector<float> a = all.fetch(), o = one.fetch();
+  for (int j = 0; j < out; ++j) ASSERT_EQ(a[size_t(5) * out + j], o[size_t(j)]) << "row " << j;
+}
+
+// ------------------------------------------------------------------------------- rope ---
+
+class RopeCase {
+ public:
+  RopeCase& heads(int h) {
+    heads_ = h;
+    return *this;
+  }
+  RopeCase& kv(int k) {
+    kv_ = k;
+    return *this;
+  }
+  RopeCase& dim(int d) {
+    d_ = d;
+    return *this;
+  }
+  RopeCase& pos(int p) {
+    pos_ = p;
+    return *this;
+  }
+  RopeCase& rows(int r) {
+    rows_ = r;
+    return *this;
+  }
+  std::string describe() const {
+    return fmt::format("qkv split + yarn rope heads={} kv={} d={} pos={}..{}", heads_, kv_, d_,
+                       pos_, pos_ + rows_ - 1);
+  }
+  void run() const {
+    SCOPED_TRACE(describe());
+    Config c;  // gpt-oss YaRN defaults: theta 150000, factor 32, beta 32/1, original 4096
+    c.head_dim = d_;
+    const Rope rope = Rope::from_config(c);
+    std::vector<float> inv(rope.inv_freq.begin(), rope.inv_freq.end());
+    std::mt19937_64 rng(5 + uint64_t(pos_));
+    const int qkv_dim = (heads_ + 2 * kv_) * d_;
+    const std::vector<float> qkv = random_floats(rng, size_t(rows_) * qkv_dim, -2, 2);
+    std::vector<StepRow> rows(static_cast<size_t>(rows_));
+    for (int r = 0; r < rows_; ++r) rows[size_t(r)].pos = pos_ + r;
+    DeviceBuffer dqkv = upload(qkv), drows = upload(rows), dinv = upload(inv);
+    Output q(size_t(rows_) * heads_ * d_), k(size_t(rows_) * kv_ * d_), v(size_t(rows_) * kv_ * d_);
+    launch_f32_qkv_split_yarn_rope(dqkv.as<float>(), drows.as<StepRow>(), rows_, heads_, kv_, d_,
+                                   dinv.as<float>(), float(rope.concentration), q.ptr(), k.ptr(),
+                                   v.ptr(), nullptr);
+    std::vector<double> wq, wk, wv;
+    Tol tq{{}, 4 * kU, 1e-9}, tk = tq;
+    for (int r = 0; r < rows_; ++r) {
+      const float* src = qkv.data() + size_t(r) * qkv_dim;
+      std::vector<double> qh(src, src + heads_ * d_),
+          kh(src + heads_ * d_, src + (heads_ + kv_) * d_);
+      ref::rope(qh.data(), heads_, d_, pos_ + r, rope.inv_freq, rope.concentration);
+      ref::rope(kh.data(), kv_, d_, pos_ + r, rope.inv_freq, rope.concentration);
+      // The device angle is float(pos) * float(inv_freq): off by about (pos + 1) ulp-sized
+      // radians from the double one, times the pair's magnitude.
+      auto add_tol = [&](const float* x, int heads, Tol& t) {
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < d_; ++i) {
+            const int p = i % (d_ / 2);
+            const double mag = std::fabs(x[h * d_ + p]) + std::fabs(x[h * d_ + p + d_ / 2]);
+            t.atol.push_back((4.0 * (pos_ + r + 1) + 8) * kU * rope.concentration * mag);
+          }
+      };
+      add_tol(src, heads_, tq);
+      add_tol(src + heads_ * d_, kv_, tk);
+      wq.insert(wq.end(), qh.begin(), qh.end());
+      wk.insert(wk.end(), kh.begin(), kh.end());
+      wv.insert(wv.end(), src + (heads_ + kv_) * d_, src + qkv_dim);
+    }
+    expect_close(q.fetch(), wq, tq, "q_rope");
+    expect_close(k.fetch(), wk, tk, "k_rope");
+    expect_close(v.fetch(), wv, {{0.0}, 0.0, 0.0}, "v");
+  }
+
+ private:
+  int heads_ = 4, kv_ = 2, d_ = 16, pos_ = 0, rows_ = 1;
+};
+
+TEST_F(DeviceKernels, RopeAtPositionZeroOnlyScales) {
+  RopeCase().pos(0).run();
+}
+TEST_F(DeviceKernels, RopeAroundTheWindow) {
+  for (int pos : {7, 8, 127, 128}) RopeCase().heads(8).kv(2).dim(64).pos(pos).rows(2).run();
+}
+TEST_F(DeviceKernels, RopeRealShapeLongPosition) {
+  RopeCase().heads(64).kv(8).dim(64).pos(4094).rows(2).run();
+}
+
+// -------------------------------------------------------------------------- attention ---
+
+// Rows at positions pos .. pos + rows - 1 of `seqs` sequences, each with its own cache in
+// layer `layer` of a two-layer cache. Earlier positions are uploaded as a previous step would
+// have left them; this step's k/v go through the append kernel. Keys outside the window and
+// positions not yet written are NaN in the caches: reading one would show.
+class AttentionCase {
+ public:
+  AttentionCase& heads(int h) {
+    heads_ = h;
+    return *this;
+  }
+  AttentionCase& kv(int k) {
+    kv_ = k;
+    return *this;
+  }
+  AttentionCase& dim(int d) {
+    d_ = d;
+    return *this;
+  }
+  AttentionCase& window(int w) {
+    window_ = w;
+    return *this;
+  }
+  AttentionCase& pos(int p) {
+    pos_ = p;
+    return *this;
+  }
+  AttentionCase& rows(int r) {
+    rows_ = r;
+    return *this;
+  }
+  AttentionCase& seqs(int s) {
+    seqs_ = s;
+    return *this;
+  }
+  std::string describe() const {
+    return fmt::format("attention heads={} kv={} d={} window={} positions {}..{} sequences={}",
+                       heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_);
+  }
+  void run() const {
+    SCOPED_TRACE(describe());
+    std::mt19937_64 rng(17 + uint64_t(pos_) * 3 + uint64_t(window_));
+    const int P = pos_ + rows_, kvd = kv_ * d_, layers = 2, layer = 1;
+    const int max_ctx = P + 3;
+    AttentionShape a;
+    a.n_heads = heads_;
+    a.n_kv = kv_;
+    a.head_dim = d_;
+    a.window = window_;
+    a.max_context = max_ctx;
+    a.layer = layer;
+    a.scale = float(1.0 / std::sqrt(double(d_)));
+    const int B = rows_ * seqs_;
+    std::vector<StepRow> rows(static_cast<size_t>(B));
+    std::vector<int32_t> positions;
+    for (int s = 0; s < seqs_; ++s)
+      for (int r = 0; r < rows_; ++r) positions.push_back(pos_ + r);
+    std::vector<int64_t> offsets;
+    int64_t total = 0;
+    for (int r = 0; r < B; ++r) {
+      offsets.push_back(total);
+      total += int64_t(heads_) * (positions[size_t(r)] + 2);
+    }
+    const std::vector<float> sinks = random_floats(rng, size_t(heads_), -2, 2);
+    const std::vector<float> q = random_floats(rng, size_t(B) * heads_ * d_, -1, 1);
+    std::vector<std::vector<float>> k_all, v_all;  // per sequence [P][kvd]
+    std::vector<DeviceBuffer> caches;
+    std::vector<float> k_new, v_new;
+    for (int s = 0; s < seqs_; ++s) {
+      k_all.push_back(random_floats(rng, size_t(P) * kvd, -1, 1));
+      v_all.push_back(random_floats(rng, size_t(P) * kvd, -2, 2));
+      // Host image of the two caches: NaN everywhere but the positions before pos_ that the
+      // rows can see; this step's positions come from the append kernel.
+      std::vector<float> kc(size_t(layers) * max_ctx * kvd, kNaN), vc = kc;
+      const int first_needed = window_ > 0 ? std::max(0, pos_ - window_ + 1) : 0;
+      for (int j = first_needed; j < pos_; ++j)
+        for (int i = 0; i < kvd; ++i) {
+          kc[(size_t(layer) * max_ctx + j) * kvd + i] = k_all.back()[size_t(j) * kvd + i];
+          vc[(size_t(layer) * max_ctx + j) * kvd + i] = v_all.back()[size_t(j) * kvd + i];
+        }
+      kc.insert(kc.end(), vc.begin(), vc.end());
+      caches.push_back(upload(kc));
+      for (int r = 0; r < rows_; ++r) {
+        const size_t j = size_t(pos_ + r);
+        k_new.insert(k_new.end(), k_all.back().begin() + long(j * kvd),
+                     k_all.back().begin() + long((j + 1) * kvd));
+        v_new.insert(v_new.end(), v_all.back().begin() + long(j * kvd),
+                     v_all.back().begin() + long((j + 1) * kvd));
+        StepRow& row = rows[size_t(s * rows_ + r)];
+        row.pos = pos_ + r;
+        row.scores_offset = offsets[size_t(s * rows_ + r)];
+        row.k_cache = caches.back().as<float>();
+        row.v_cache = caches.back().as<float>() + size_t(layers) * max_ctx * kvd;
+      }
+    }
+    DeviceBuffer drows = upload(rows), dq = upload(q), dsinks = upload(sinks), dk = upload(k_new),
+                 dv = upload(v_new);
+    DeviceBuffer ws(std::max<size_t>(1, attention_workspace_floats(a, B)) * sizeof(float));
+    Output scores(static_cast<size_t>(total)), probs(static_cast<size_t>(total)),
+        out(size_t(B) * heads_ * d_);
+    const int max_pos = P - 1;
+    const StepRow* dr = drows.as<StepRow>();
+    launch_f32_kv_cache_append(a, dr, B, dk.as<float>(), dv.as<float>(), nullptr);
+    launch_f32_attention_scores(a, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(), scores.ptr(),
+                                nullptr);
+    launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
+    launch_f32_attention_pv(a, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(), nullptr);
+
+    std::vector<double> want_s, want_p, want_o, s_atol, p_atol, o_atol;
+    const std::vector<double> sinks_d = to_double(sinks);
+    const int g = heads_ / kv_;
+    for (int b = 0; b < B; ++b) {
+      const int s = b / rows_, p = positions[size_t(b)], cols = p + 2;
+      const int first = window_ > 0 ? std::max(0, p - window_ + 1) : 0;
+      std::vector<double> kd(size_t(p + 1) * kvd, std::nan("")), vd = kd;  // masked keys NaN
+      for (int j = first; j <= p; ++j)
+        for (int i = 0; i < kvd; ++i) {
+          kd[size_t(j) * kvd + i] = k_all[size_t(s)][size_t(j) * kvd + i];
+          vd[size_t(j) * kvd + i] = v_all[size_t(s)][size_t(j) * kvd + i];
+        }
+      const std::vector<double> qd(q.begin() + long(size_t(b) * heads_ * d_),
+                                   q.begin() + long(size_t(b + 1) * heads_ * d_));
+      std::vector<double> sc(size_t(heads_) * cols), pr(sc.size()), o(size_t(heads_) * d_);
+      ref::attention_scores(qd.data(), kd.data(), sinks_d.data(), heads_, kv_, d_, p, window_,
+                            sc.data());
+      ref::softmax_with_sink(sc.data(), heads_, cols, pr.data());
+      ref::attention_output(pr.data(), vd.data(), heads_, kv_, d_, p, o.data());
+      want_s.insert(want_s.end(), sc.begin(), sc.end());
+      want_p.insert(want_p.end(), pr.begin(), pr.end());
+      want_o.insert(want_o.end(), o.begin(), o.end());
+      for (int h = 0; h < heads_; ++h) {
+        // Scores: a chain of d fmaf and the scale. Probabilities: their own score's error and the
+        // row's largest (through the max and the sum), plus exp and the sums' rounding. Output:
+        // its own summation and the probabilities' relative error.
+        double row_max = 0;
+        for (int j = 0; j < cols; ++j) {
+          double abs_dot = 0;
+          if (j >= first && j <= p)
+            for (int i = 0; i < d_; ++i)
+              abs_dot += std::fabs(qd[size_t(h) * d_ + i] * kd[(size_t(j) * kv_ + h / g) * d_ + i]);
+          s_atol.push_back(dot_atol(d_ + 1, abs_dot * a.scale));
+          row_max = std::max(row_max, s_atol.back());
+        }
+        for (int j = 0; j < cols; ++j) {
+          const double own = s_atol[s_atol.size() - size_t(cols) + size_t(j)];
+          p_atol.push_back(2 * (own + row_max + 64 * kU) * std::fabs(pr[size_t(h) * cols + j]) +
+                           1e-30);
+        }
+        for (int i = 0; i < d_; ++i) {
+          double abs_sum = 0;
+          for (int j = first; j <= p; ++j)
+            abs_sum += std::fabs(pr[size_t(h) * cols + j] * vd[(size_t(j) * kv_ + h / g) * d_ + i]);
+          o_atol.push_back(dot_atol(std::min(p + 1, 256) + 64, abs_sum) +
+                           (4 * row_max + 128 * kU) * abs_sum);
+        }
+      }
+    }
+    expect_close(scores.fetch(), want_s, {s_atol, 2 * kU, 1e-10}, "scores");
+    expect_close(probs.fetch(), want_p, {p_atol, 64 * kU, 1e-10}, "att");
+    expect_close(out.fetch(), want_o, {o_atol, 64 * kU, 1e-10}, "attn_out");
+  }
+
+ private:
+  int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1;
+};
+
+TEST_F(DeviceKernels, AttentionPositionZero) {
+  AttentionCase().pos(0).run();
+  AttentionCase().pos(0).window(8).run();
+}
+TEST_F(DeviceKernels, AttentionSlidingWindowEdges) {
+  // W - 2, W - 1 (the last position where every key is visible), W, W + 1.
+  for (int pos : {6, 7, 8, 9}) AttentionCase().window(8).pos(pos).run();
+}
+TEST_F(DeviceKernels, AttentionPrefillCrossesTheWindow) {
+  AttentionCase().window(8).pos(0).rows(20).run();
+}
+TEST_F(DeviceKernels, AttentionOneHeadPerKvHead) {
+  AttentionCase().heads(4).kv(4).pos(12).rows(3).run();
+}
+TEST_F(DeviceKernels, AttentionRealShapeGroupOfEight) {
+  AttentionCase().heads(64).kv(8).dim(64).window(128).pos(130).rows(2).run();
+  AttentionCase().heads(64).kv(8).dim(64).window(0).pos(130).rows(2).run();
+}
+TEST_F(DeviceKernels, AttentionLongContextManyTilesAndKeySplits) {
+  // 700 keys: 11 score tiles of 64 and three output splits of 256 keys combined in order.
+  AttentionCase().heads(8).kv(1).dim(64).window(0).pos(700).rows(2).run();
+  AttentionCase().heads(8).kv(1).dim(64).window(128).pos(700).rows(2).run();
+  AttentionCase().heads(8).kv(2).dim(32).window(0).pos(255).rows(3).run();  // 256..258 keys
+}
+TEST_F(DeviceKernels, AttentionTwoSequencesInOneBatch) {
+  AttentionCase().window(8).pos(10).rows(3).seqs(2).run();
+}
+
+// ----------------------------------------------------------------------------- router ---
+
+class RouterCase {
+ public:
+  RouterCase& experts(int e) {
+    experts_ = e;
+    return *this;
+  }
+  RouterCase& k(int k) {
+    k_ = k;
+    return *this;
+  }
+  RouterCase& rows(int r) {
+    rows_ = r;
+    return *this;
+  }
+  RouterCase& ties(bool t) {
+    ties_ = t;
+    return *this;
+  }
+  std::string describe() const {
+    return fmt::format("router top-k experts={} k={} rows={} ties={}", experts_, k_, rows_, ties_);
+  }
+  void run() const {
+    SCOPED_TRACE(describe());
+    std::mt19937_64 rng(23 + uint64_t(experts_));
+    std::vector<float> g = random_floats(rng, size_t(rows_) * experts_, -4, 4);
+    if (ties_)  // a few distinct values only: ties everywhere, lowest index first
+      for (auto& x : g) x = std::round(x);
+    DeviceBuffer dg = upload(g);
+    DeviceBuffer didx(size_t(rows_) * k_ * sizeof(int32_t));
+    Output w(size_t(rows_) * k_);
+    launch_f32_router_topk_softmax(dg.as<float>(), rows_, experts_, k_, true, didx.as<int32_t>(),
+                                   w.ptr(), nullptr);
+    const std::vector<int32_t> idx = download<int32_t>(didx, size_t(rows_) * k_);
+    std::vector<double> want_w;
+    for (int r = 0; r < rows_; ++r) {
+      const std::vector<double> gd(g.begin() + long(size_t(r) * experts_),
+                                   g.begin() + long(size_t(r + 1) * experts_));
+      std::vector<int32_t> want(static_cast<size_t>(k_));
+      ref::router_topk(gd.data(), experts_, k_, want.data());
+      for (int s = 0; s < k_; ++s)
+        ASSERT_EQ(idx[size_t(r) * k_ + s], want[size_t(s)]) << "row " << r << " slot " << s;
+      std::vector<double> ww(static_cast<size_t>(k_));
+      ref::topk_softmax(gd.data(), want.data(), k_, ww.data());
+      want_w.insert(want_w.end(), ww.begin(), ww.end());
+    }
+    expect_close(w.fetch(), want_w, {{1e-30}, 32 * kU, 1e-12}, "topk_w");
+
+    // Overwritten indices (fault injection): only w is recomputed, from those indices.
+    std::vector<int32_t> forced(idx.size());
+    for (size_t i = 0; i < forced.size(); ++i) forced[i] = int32_t((i * 7 + 3) % size_t(experts_));
+    DeviceBuffer dforced = upload(forced);
+    Output w2(size_t(rows_) * k_);
+    launch_f32_router_topk_softmax(dg.as<float>(), rows_, experts_, k_, false,
+                                   dforced.as<int32_t>(), w2.ptr(), nullptr);
+    EXPECT_EQ(download<int32_t>(dforced, forced.size()), forced);
+    std::vector<double> want2;
+    for (int r = 0; r < rows_; ++r) {
+      const std::vector<double> gd(g.begin() + long(size_t(r) * experts_),
+                                   g.begin() + long(size_t(r + 1) * experts_));
+      std::vector<double> ww(static_cast<size_t>(k_));
+      ref::topk_softmax(gd.data(), forced.data() + size_t(r) * k_, k_, ww.data());
+      want2.insert(want2.end(), ww.begin(), ww.end());
+    }
+    expect_close(w2.fetch(), want2, {{1e-30}, 32 * kU, 1e-12}, "topk_w from overwritten topk_idx");
+  }
+
+ private:
+  int experts_ = 32, k_ = 4, rows_ = 3;
+  bool ties_ = false;
+};
+
+TEST_F(DeviceKernels, RouterOneExpert) {
+  RouterCase().experts(1).k(1).run();
+}
+TEST_F(DeviceKernels, RouterTopFourOf32And128) {
+  RouterCase().experts(32).k(4).rows(5).run();
+  RouterCase().experts(128).k(4).rows(5).run();
+}
+TEST_F(DeviceKernels, RouterExpertsNotMultipleOfWarp) {
+  RouterCase().experts(37).k(4).run();
+}
+TEST_F(DeviceKernels, RouterTiesTakeTheLowestIndex) {
+  RouterCase().experts(32).k(4).rows(8).ties(true).run();
+  RouterCase().experts(8).k(8).rows(2).ties(true).run();  // k = E: every expert, in order
+}
+
+// ---------------------------------------------------------------------------- experts ---
+
+class MoeCase {
+ public:
+  MoeCase& experts(int e) {
+    experts_ = e;
+    return *this;
+  }
+  MoeCase& out(int o) {
+    out_ = o;
+    return *this;
+  }
+  MoeCase& in(int i) {
+    in_ = i;
+    return *this;
+  }
+  MoeCase& k(int k) {
+    k_ = k;
+    return *this;
+  }
+  MoeCase& rows(int r) {
+    rows_ = r;
+    return *this;
+  }
+  MoeCase& swiglu(bool s) {
+    swiglu_ = s;
+    return *this;
+  }  // mlp1 (+ SwiGLU) or mlp2 inputs
+  MoeCase& dense(WeightType t) {
+    dense_ = true, dense_type_ = t;
+    return *this;
+  }
+  std::string describe() const {
+    return fmt::format("moe gemv {} experts={} out={} in={} k={} rows={} {}",
+                       swiglu_ ? "mlp1+swiglu" : "mlp2", experts_, out_, in_, k_, rows_,
+                       dense_ ? std::string("dense ") + type_name(dense_type_) : "mxfp4");
+  }
+  void run() const {
+    SCOPED_TRACE(describe());
+    std::mt19937_64 rng(29 + uint64_t(out_) + uint64_t(in_));
+    const int E = experts_, G = in_ / 32;
+    // Weights: MXFP4 blocks with scales 2^-7 .. 2^0, or a dense [E, in, out] tensor.
+    std::vector<uint8_t> blocks, scales;
+    HostMatrix dense{dense_type_, {}, {}};
+    TensorView tb, ts, td;
+    ExpertLinear w;
+    w.experts = E;
+    w.out = out_;
+    w.in = in_;
+    if (!dense_) {
+      std::uniform_int_distribution<int> byte(0, 255), sc(120, 127);
+      blocks.resize(size_t(E) * out_ * G * 16);
+      scales.resize(size_t(E) * out_ * G);
+      for (auto& b : blocks) b = uint8_t(byte(rng));
+      for (auto& s : scales) s = uint8_t(sc(rng));
+      tb.name = "blocks", tb.dtype = DType::U8, tb.shape = {E, out_, G, 16},
+      tb.data = blocks.data(), tb.nbytes = blocks.size();
+      ts.name = "scales", ts.dtype = DType::U8, ts.shape = {E, out_, G}, ts.data = scales.data(),
+      ts.nbytes = scales.size();
+      w.layout = ExpertLayout::Mxfp4;
+      w.blocks = &tb;
+      w.scales = &ts;
+    } else {
+      dense = random_matrix(rng, dense_type_, size_t(E) * in_ * out_);
+      td = dense.view({E, in_, out_});
+      w.layout = ExpertLayout::DenseInMajor;
+      w.dense = &td;
+    }
+    const HostBf16 bias = random_bf16(rng, size_t(E) * out_, 1.0f);
+    const TensorView tbias = bias.view({E, out_});
+    w.bias = &tbias;
+    // Routing: distinct experts per row, reused across rows.
+    std::vector<int32_t> idx;
+    for (int r = 0; r < rows_; ++r)
+      for (int s = 0; s < k_; ++s) idx.push_back(int32_t((r + 2 * s) % E));
+    const int x_row = swiglu_ ? in_ : k_ * in_, x_slot = swiglu_ ? 0 : in_;
+    const std::vector<float> x = random_floats(rng, size_t(rows_) * x_row, -1, 1);
+
+    ExpertWeights dw;
+    DeviceBuffer dblocks = upload(blocks), dscales = upload(scales), ddense = upload(dense.bytes),
+                 dbias = upload(bias.values), didx = upload(idx), dx = upload(x);
+    dw.mxfp4 = !dense_;
+    dw.blocks = dblocks.as<uint8_t>();
+    dw.scales = dscales.as<uint8_t>();
+    dw.dense_type = dense_type_;
+    dw.dense = ddense.as();
+    dw.bias = dbias.as<float>();
+    dw.experts = E;
+    dw.out = out_;
+    dw.in = in_;
+    Output y(size_t(rows_) * k_ * out_), act(size_t(rows_) * k_ * out_ / 2);
+    launch_f32_moe_gemv(dw, didx.as<int32_t>(), rows_, k_, dx.as<float>(), x_row, x_slot, y.ptr(),
+                        swiglu_ ? act.ptr() : nullptr, 1.702f, 7.0f, nullptr);
+
+    std::vector<double> want, want_act, atol, act_atol;
+    std::vector<double> row(static_cast<size_t>(in_));
+    for (int r = 0; r < rows_; ++r)
+      for (int s = 0; s < k_; ++s) {
+        const int e = idx[size_t(r) * k_ + s];
+        const std::vector<double> xd(
+            x.begin() + long(size_t(r) * x_row + size_t(s) * x_slot),
+            x.begin() + long(size_t(r) * x_row + size_t(s) * x_slot + in_));
+        std::vector<double> h(static_cast<size_t>(out_));
+        ref::expert_linear(w, e, xd.data(), h.data());
+        want.insert(want.end(), h.begin(), h.end());
+        for (int j = 0; j < out_; ++j) {
+          read_expert_row(w, e, j, row.data());
+          double abs_sum = std::fabs(bias.values[size_t(e) * out_ + j]);
+          for (int i = 0; i < in_; ++i) abs_sum += std::fabs(row[size_t(i)] * xd[size_t(i)]);
+          atol.push_back(dot_atol(dense_ ? in_ + 1 : warp_dot_chain(in_) + 32, abs_sum));
+        }
+        if (swiglu_) {
+          std::vector<double> a(size_t(out_ / 2));
+          ref::swiglu(h.data(), out_ / 2, 1.702, 7.0, a.data());
+          want_act.insert(want_act.end(), a.begin(), a.end());
+          for (int i = 0; i < out_ / 2;
+               ++i) {  // |d swiglu| <= ~1.1 (|lin| + 1) + 8 |gate| ... bounded by 20 (|lin| + 1)
+            const double lin = std::min(7.0, std::fabs(h[size_t(2 * i + 1)]));
+            const size_t at = atol.size() - size_t(out_) + size_t(2 * i);
+            act_atol.push_back(20 * (lin + 1) * (atol[at] + atol[at + 1]) + 1e-30);
+          }
+        }
+      }
+    expect_close(y.fetch(), want, {atol, 4 * kU, 1e-10}, swiglu_ ? "mlp1" : "mlp2");
+    if (swiglu_) expect_close(act.fetch(), want_act, {act_atol, 16 * kU, 1e-10}, "swiglu");
+  }
+
+ private:
+  int experts_ = 3, out_ = 128, in_ = 64, k_ = 2, rows_ = 3;
+  bool swiglu_ = true, dense_ = false;
+  WeightType dense_type_ = WeightType::bf16;
+};
+
+TEST_F(DeviceKernels, MoeMxfp4Mlp1WithSwiglu) {
+  MoeCase().experts(3).out(128).in(64).k(2).rows(3).run();
+}
+TEST_F(DeviceKernels, MoeMxfp4Mlp2) {
+  MoeCase().experts(3).out(96).in(128).k(2).rows(3).swiglu(false).run();
+}
+TEST_F(DeviceKernels, MoeOneExpertOneSlot) {
+  MoeCase().experts(1).out(64).in(32).k(1).rows(1).run();
+  MoeCase().experts(1).out(33).in(32).k(1).rows(2).swiglu(false).run();  // out not a warp multiple
+}
+TEST_F(DeviceKernels, MoeMxfp4RealShape) {
+  MoeCase().experts(2).out(5760).in(2880).k(2).rows(1).run();
+  MoeCase().experts(2).out(2880).in(2880).k(2).rows(1).swiglu(false).run();
+}
+TEST_F(DeviceKernels, MoeDenseInMajorExperts) {
+  MoeCase().experts(3).out(128).in(64).k(2).rows(2).dense(WeightType::bf16).run();
+  MoeCase().experts(3).out(64).in(128).k(2).rows(2).swiglu(false).dense(WeightType::f32).run();
+}
+
+TEST_F(DeviceKernels, MoeInvalidExpertIndexWritesNaNNotGarbage) {
+  const int E = 2, out = 64, in = 32;
+  std::vector<uint8_t> blocks(size_t(E) * out * 16, 0x11), scales(size_t(E) * out, 127);
+  std::vector<float> bias(size_t(E) * out, 0.5f), x(in, 1.0f);
+  std::vector<int32_t> idx = {E};  // out of range
+  DeviceBuffer db = upload(blocks), ds = upload(scales), dbias = upload(bias), dx = upload(x),
+               di = upload(idx);
+  ExpertWeights w;
+  w.blocks = db.as<uint8_t>();
+  w.scales = ds.as<uint8_t>();
+  w.bias = dbias.as<float>();
+  w.experts = E, w.out = out, w.in = in;
+  Output y(static_cast<size_t>(out)), act(size_t(out / 2));
+  launch_f32_moe_gemv(w, di.as<int32_t>(), 1, 1, dx.as<float>(), in, 0, y.ptr(), act.ptr(), 1.702f,
+                      7.0f, nullptr);
+  for (float v : y.fetch()) EXPECT_TRUE(std::isnan(v));
+  for (float v : act.fetch()) EXPECT_TRUE(std::isnan(v));
+}
+
+// ------------------------------------------------------------------ swiglu, sums, add ---
+
+TEST_F(DeviceKernels, SwigluClampsGateAboveOnlyAndLinearBothSides) {
+  std::mt19937_64 rng(31);
+  const int n = 5, inter = 300;  // values in [-12, 12]: every clamp side engages
+  std::vector<float> h = random_floats(rng, size_t(n) * 2 * inter, -12, 12);
+  h[0] = 7.0f, h[1] = -7.0f, h[2] = 7.5f, h[3] = 100.0f, h[4] = -100.0f, h[5] = -7.5f;
+  DeviceBuffer dh = upload(h);
+  Output a(size_t(n) * inter);
+  launch_f32_swiglu(dh.as<float>(), n, inter, 1.702f, 7.0f, a.ptr(), nullptr);
+  std::vector<double> want(size_t(n) * inter);
+  const std::vector<double> hd = to_double(h);
+  ref::swiglu(hd.data(), n * inter, 1.702, 7.0, want.data());
+  // float alpha (1.702f) against the double 1.702: relative 3e-8 of alpha * gate inside exp.
+  std::vector<double> atol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) atol[i] = 64 * kU * (std::fabs(want[i]) + 8 * 7);
+  expect_close(a.fetch(), want, {atol, 16 * kU, 1e-10}, "swiglu");
+}
+
+TEST_F(DeviceKernels, MoeWeightedSumAndResidual) {
+  for (int k : {1, 4}) {
+    SCOPED_TRACE(fmt::format("moe sum k={} n=2880 rows=3", k));
+    std::mt19937_64 rng(37 + uint64_t(k));
+    const int rows = 3, n = 2880;
+    const std::vector<float> w = random_floats(rng, size_t(rows) * k, 0, 1);
+    const std::vector<float> e = random_floats(rng, size_t(rows) * k * n, -5, 5);
+    const std::vector<float> res = random_floats(rng, size_t(rows) * n, -5, 5);
+    DeviceBuffer dw = upload(w), de = upload(e), dres = upload(res);
+    Output moe(size_t(rows) * n), resid(size_t(rows) * n);
+    launch_f32_moe_weighted_sum_residual(dw.as<float>(), de.as<float>(), rows, k, n,
+                                         dres.as<float>(), moe.ptr(), resid.ptr(), nullptr);
+    std::vector<double> want(size_t(rows) * n), want_r(want.size()), atol(want.size());
+    const std::vector<double> wd = to_double(w), ed = to_double(e);
+    for (int r = 0; r < rows; ++r) {
+      ref::moe_sum(wd.data() + size_t(r) * k, ed.data() + size_t(r) * k * n, k, n,
+                   want.data() + size_t(r) * n);
+      for (int i = 0; i < n; ++i) {
+        double s = 0;
+        for (int j = 0; j < k; ++j)
+          s += std::fabs(wd[size_t(r) * k + j] * ed[(size_t(r) * k + j) * n + i]);
+        atol[size_t(r) * n + i] = dot_atol(2 * k, s) + 4 * kU * std::fabs(res[size_t(r) * n + i]);
+        want_r[size_t(r) * n + i] = res[size_t(r) * n + i] + want[size_t(r) * n + i];
+      }
+    }
+    expect_close(moe.fetch(), want, {atol, 0.0, 1e-10}, "moe_out");
+    expect_close(resid.fetch(), want_r, {atol, 2 * kU, 1e-10}, "resid_ffn");
+  }
+}
+
+TEST_F(DeviceKernels, AddIsExactElementwise) {
+  std::mt19937_64 rng(41);
+  const std::vector<float> a = random_floats(rng, 1000, -9, 9), b = random_floats(rng, 1000, -9, 9);
+  DeviceBuffer da = upload(a), db = upload(b);
+  Output y(1000);
+  launch_f32_add(da.as<float>(), db.as<float>(), 1000, y.ptr(), nullptr);
+  const std::vector<float> got = y.fetch();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], a[i] + b[i]) << i;
+}
+
+TEST_F(DeviceKernels, LaunchersRejectBadArguments) {
+  DeviceBuffer x(64 * sizeof(float)), w(64 * 2);
+  EXPECT_THROW(launch_f32_rmsnorm(x.as<float>(), WeightType::bf16, w.as(), 0, 64, 1e-5f,
+                                  x.as<float>(), nullptr),
+               parity::Error);
+  EXPECT_THROW(launch_f32_swiglu(nullptr, 1, 1, 1.702f, 7.0f, x.as<float>(), nullptr),
+               parity::Error);
+  const GemvSegment seg{{WeightType::bf16, w.as(), 1, 64}, nullptr, 0};
+  EXPECT_THROW(launch_f32_gemv_bias({&seg, 1}, x.as<float>(), 32, 1, x.as<float>(), 1, {}, nullptr),
+               parity::Error);
+  ExpertWeights ew;
+  ew.blocks = w.as<uint8_t>(), ew.scales = w.as<uint8_t>(), ew.bias = x.as<float>();
+  ew.experts = 1, ew.out = 2, ew.in = 48;  // not a multiple of 32
+  EXPECT_THROW(
+      launch_f32_moe_gemv(ew, reinterpret_cast<const int32_t*>(x.as()), 1, 1, x.as<float>(), 48, 0,
+                          x.as<float>(), nullptr, 1.702f, 7.0f, nullptr),
+      parity::Error);
+}
+
+}  // namespace
+}  // namespace parity::device
+
+#else  // !PARITY_HAVE_DEVICE
+
+TEST(DeviceKernels, NotBuilt) {
+  GTEST_SKIP() << "this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)";
+}
+
+#endif
