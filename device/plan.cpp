@@ -158,33 +158,8 @@ std::string format_bytes(size_t b) {
 }
 
 void SequenceTable::begin(const Batch& b, const Config& c, int max_context) {
-  if (b.positions.size() != b.tokens.size() || b.seqs.size() != b.tokens.size())
-    fail("batch: tokens, positions and seqs differ in length");
-  if (b.rows() == 0) fail("batch: no tokens");
-  std::map<int, int> next;  // sequence -> next position expected in this batch
-  for (int r = 0; r < b.rows(); ++r) {
-    const int tok = b.tokens[size_t(r)], pos = b.positions[size_t(r)], seq = b.seqs[size_t(r)];
-    if (tok < 0 || tok >= c.vocab_size)
-      fail("token id {} out of range: the model's vocabulary has {} entries (0..{})", tok,
-           c.vocab_size, c.vocab_size - 1);
-    if (pos < 0 || pos >= c.max_position_embeddings)
-      fail("position {} out of range: the model's context is {} positions (0..{})", pos,
-           c.max_position_embeddings, c.max_position_embeddings - 1);
-    if (pos >= max_context)
-      fail(
-          "position {} is past the device KV cache of {} positions (HINT: set "
-          "PARITY_DEVICE_MAX_CONTEXT, up to the model's {})",
-          pos, max_context, c.max_position_embeddings);
-    auto it = next.find(seq);
-    const int expected = it != next.end() ? it->second : length(seq);
-    if (!(it == next.end() && pos <= expected) && pos != expected)
-      fail(
-          "sequence {}: position {} does not follow position {} (positions must be contiguous "
-          "from 0)",
-          seq, pos, expected - 1);
-    next[seq] = pos + 1;  // a first row at or before the cached length truncates the cache
-  }
-  for (const auto& [seq, n] : next) length_[seq] = n;
+  const auto steps = check_batch(b, c, max_context, [&](int seq) { return length(seq); });
+  for (const auto& [seq, step] : steps) length_[seq] = step.end;
 }
 
 int SequenceTable::length(int seq) const {

@@ -3,6 +3,8 @@
 // layer, and reads or writes single rows of a stage's output only when tracing or injecting.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,8 +22,22 @@ struct Batch {
   std::vector<int32_t> positions;
   std::vector<int32_t> seqs;
   int rows() const { return int(tokens.size()); }
-  static Batch single(int32_t token, int32_t pos, int32_t seq = 0) { return {{token}, {pos}, {seq}}; }
+  static Batch single(int32_t token, int32_t pos, int32_t seq = 0) {
+    return {{token}, {pos}, {seq}};
+  }
 };
+
+// Checks one step's rows before a backend touches its caches: equal lengths, token ids in the
+// vocabulary, positions in [0, max_positions) (the model's context, or a smaller device cache),
+// each sequence's rows contiguous, its first row at or before the length it has cached
+// (`cached_length(seq)`; starting earlier truncates the cache there). Returns each sequence's
+// first position in the step. Throws parity::Error, naming `cache` in the limit's hint.
+struct SequenceStep {
+  int first = 0;  // position of the sequence's first row in this step
+  int end = 0;    // one past its last: the cached length after the step
+};
+std::map<int, SequenceStep> check_batch(const Batch& b, const Config& c, int max_positions,
+                                        const std::function<int(int)>& cached_length);
 
 // One row of one stage's output, on the host. Real stages are float64 (reference) or float32
 // (every other backend); index stages are int32. dims follow the stage's shape rule.

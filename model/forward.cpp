@@ -8,49 +8,113 @@
 
 namespace parity {
 
+std::map<int, SequenceStep> check_batch(const Batch& b, const Config& c, int max_positions,
+                                        const std::function<int(int)>& cached_length) {
+  if (b.positions.size() != b.tokens.size() || b.seqs.size() != b.tokens.size())
+    fail("batch: tokens, positions and seqs differ in length");
+  if (b.rows() == 0) fail("batch: no tokens");
+  std::map<int, SequenceStep> steps;
+  for (int r = 0; r < b.rows(); ++r) {
+    const int tok = b.tokens[size_t(r)], pos = b.positions[size_t(r)], seq = b.seqs[size_t(r)];
+    if (tok < 0 || tok >= c.vocab_size)
+      fail("token id {} out of range: the model's vocabulary has {} entries (0..{})", tok,
+           c.vocab_size, c.vocab_size - 1);
+    if (pos < 0 || pos >= c.max_position_embeddings)
+      fail("position {} out of range: the model's context is {} positions (0..{})", pos,
+           c.max_position_embeddings, c.max_position_embeddings - 1);
+    if (pos >= max_positions)
+      fail(
+          "position {} is past the device KV cache of {} positions (HINT: set "
+          "PARITY_DEVICE_MAX_CONTEXT, up to the model's {})",
+          pos, max_positions, c.max_position_embeddings);
+    auto it = steps.find(seq);
+    if (it == steps.end()) {
+      const int cached = cached_length(seq);
+      if (pos > cached)
+        fail(
+            "sequence {}: position {} does not follow position {} (positions must be "
+            "contiguous from 0)",
+            seq, pos, cached - 1);
+      steps[seq] = {pos, pos + 1};
+    } else {
+      if (pos != it->second.end)
+        fail(
+            "sequence {}: position {} does not follow position {} (positions must be "
+            "contiguous from 0)",
+            seq, pos, it->second.end - 1);
+      it->second.end = pos + 1;
+    }
+  }
+  return steps;
+}
+
 size_t StageData::size() const {
   switch (type) {
-    case Type::F64: return f64.size();
-    case Type::F32: return f32.size();
-    case Type::I32: return i32.size();
+    case Type::F64:
+      return f64.size();
+    case Type::F32:
+      return f32.size();
+    case Type::I32:
+      return i32.size();
   }
   return 0;
 }
 
 double StageData::at(size_t i) const {
   switch (type) {
-    case Type::F64: return f64[i];
-    case Type::F32: return f32[i];
-    case Type::I32: return i32[i];
+    case Type::F64:
+      return f64[i];
+    case Type::F32:
+      return f32[i];
+    case Type::I32:
+      return i32[i];
   }
   return 0;
 }
 
 void StageData::set(size_t i, double v) {
   switch (type) {
-    case Type::F64: f64[i] = v; break;
-    case Type::F32: f32[i] = float(v); break;
-    case Type::I32: i32[i] = int32_t(v); break;
+    case Type::F64:
+      f64[i] = v;
+      break;
+    case Type::F32:
+      f32[i] = float(v);
+      break;
+    case Type::I32:
+      i32[i] = int32_t(v);
+      break;
   }
 }
 
 std::vector<size_t> stage_dims(const Config& c, Stage s, int pos) {
-  const size_t H = size_t(c.hidden_size), d = size_t(c.head_dim), nH = size_t(c.num_attention_heads),
-               nKV = size_t(c.num_key_value_heads), k = size_t(c.num_experts_per_tok),
-               I = size_t(c.intermediate_size);
+  const size_t H = size_t(c.hidden_size), d = size_t(c.head_dim),
+               nH = size_t(c.num_attention_heads), nKV = size_t(c.num_key_value_heads),
+               k = size_t(c.num_experts_per_tok), I = size_t(c.intermediate_size);
   switch (info(s).shape) {
-    case Shape::hidden: return {H};
-    case Shape::qkv: return {size_t(c.qkv_dim())};
-    case Shape::q: return {nH, d};
-    case Shape::kv: return {nKV, d};
-    case Shape::keys: return {nH, size_t(pos) + 2};
-    case Shape::head_out: return {nH * d};
-    case Shape::experts: return {size_t(c.num_local_experts)};
-    case Shape::topk: return {k};
-    case Shape::mlp1: return {k, 2 * I};
-    case Shape::inter: return {k, I};
-    case Shape::expert_hidden: return {k, H};
-    case Shape::vocab: return {size_t(c.vocab_size)};
+    case Shape::hidden:
+      return {H};
+    case Shape::qkv:
+      return {size_t(c.qkv_dim())};
+    case Shape::q:
+      return {nH, d};
+    case Shape::kv:
+      return {nKV, d};
+    case Shape::keys:
+      return {nH, size_t(pos) + 2};
+    case Shape::head_out:
+      return {nH * d};
+    case Shape::experts:
+      return {size_t(c.num_local_experts)};
+    case Shape::topk:
+      return {k};
+    case Shape::mlp1:
+      return {k, 2 * I};
+    case Shape::inter:
+      return {k, I};
+    case Shape::expert_hidden:
+      return {k, H};
+    case Shape::vocab:
+      return {size_t(c.vocab_size)};
   }
   return {};
 }
@@ -58,12 +122,14 @@ std::vector<size_t> stage_dims(const Config& c, Stage s, int pos) {
 std::vector<std::pair<int, Stage>> stage_sequence(const Config& c) {
   std::vector<std::pair<int, Stage>> seq;
   for (const auto& s : kStages)
-    if (s.scope == Scope::Model && s.stage < Stage::attn_norm) seq.emplace_back(kModelLayer, s.stage);
+    if (s.scope == Scope::Model && s.stage < Stage::attn_norm)
+      seq.emplace_back(kModelLayer, s.stage);
   for (int l = 0; l < c.num_hidden_layers; ++l)
     for (const auto& s : kStages)
       if (s.scope != Scope::Model) seq.emplace_back(l, s.stage);
   for (const auto& s : kStages)
-    if (s.scope == Scope::Model && s.stage > Stage::attn_norm) seq.emplace_back(kModelLayer, s.stage);
+    if (s.scope == Scope::Model && s.stage > Stage::attn_norm)
+      seq.emplace_back(kModelLayer, s.stage);
   return seq;
 }
 
@@ -125,10 +191,14 @@ Injection Injection::parse(const std::string& text, const Config& c) {
   }
   if (parts.size() > next) {
     const std::string& m = parts[next];
-    if (m == "add") inj.mode = Mode::Add;
-    else if (m == "nan") inj.mode = Mode::NaN;
-    else if (m == "zero") inj.mode = Mode::Zero;
-    else fail("--inject {}: unknown mode \"{}\" (add, nan, zero)", text, m);
+    if (m == "add")
+      inj.mode = Mode::Add;
+    else if (m == "nan")
+      inj.mode = Mode::NaN;
+    else if (m == "zero")
+      inj.mode = Mode::Zero;
+    else
+      fail("--inject {}: unknown mode \"{}\" (add, nan, zero)", text, m);
   }
   if (parts.size() > next + 1) fail("--inject {}: too many fields", text);
   return inj;

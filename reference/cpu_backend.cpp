@@ -1,5 +1,7 @@
 // The CPU backends over the forward graph: CpuBackend<double> is `reference`, CpuBackend<float>
 // is `cpu-f32`. Activations are kept per row of the current batch; the KV cache per sequence.
+#include "reference/cpu_backend.h"
+
 #include <omp.h>
 
 #include <array>
@@ -7,7 +9,6 @@
 #include <map>
 
 #include "model/error.h"
-#include "reference/cpu_backend.h"
 #include "reference/ops.h"
 
 namespace parity {
@@ -51,29 +52,10 @@ class CpuBackend final : public Backend {
   const Config& config() const override { return c_; }
 
   void begin_step(const Batch& b) override {
-    if (b.positions.size() != b.tokens.size() || b.seqs.size() != b.tokens.size())
-      fail("batch: tokens, positions and seqs differ in length");
-    if (b.rows() == 0) fail("batch: no tokens");
-    std::map<int, int> next;  // sequence -> next position expected in this batch
-    for (int r = 0; r < b.rows(); ++r) {
-      const int tok = b.tokens[size_t(r)], pos = b.positions[size_t(r)], seq = b.seqs[size_t(r)];
-      if (tok < 0 || tok >= c_.vocab_size)
-        fail("token id {} out of range: the model's vocabulary has {} entries (0..{})", tok,
-             c_.vocab_size, c_.vocab_size - 1);
-      if (pos < 0 || pos >= c_.max_position_embeddings)
-        fail("position {} out of range: the model's context is {} positions (0..{})", pos,
-             c_.max_position_embeddings, c_.max_position_embeddings - 1);
-      auto it = next.find(seq);
-      const int expected = it != next.end() ? it->second : cached(seq);
-      if (it == next.end() && pos <= expected) {
-        truncate(seq, pos);  // re-running from an earlier position drops the later cache
-      } else if (pos != expected) {
-        fail("sequence {}: position {} does not follow position {} (positions must be "
-             "contiguous from 0)",
-             seq, pos, expected - 1);
-      }
-      next[seq] = pos + 1;
-    }
+    const auto steps =
+        check_batch(b, c_, c_.max_position_embeddings, [&](int seq) { return cached(seq); });
+    // Re-running a sequence from an earlier position drops the later cache.
+    for (const auto& [seq, step] : steps) truncate(seq, step.first);
     batch_ = b;
     for (auto& rows : out_) rows.assign(size_t(b.rows()), {});
     for (auto& idx : topk_idx_) idx.clear();
@@ -88,11 +70,13 @@ class CpuBackend final : public Backend {
     const LayerVectors* lv = layer >= 0 ? &layer_vectors_[size_t(layer)] : nullptr;
     switch (s) {
       case Stage::embedding:
-        for (int r = 0; r < B; ++r) ref::embedding(*m_.embed, batch_.tokens[size_t(r)], alloc(s, r, H));
+        for (int r = 0; r < B; ++r)
+          ref::embedding(*m_.embed, batch_.tokens[size_t(r)], alloc(s, r, H));
         break;
       case Stage::attn_norm:
         for (int r = 0; r < B; ++r)
-          ref::rmsnorm(residual(layer, r), lv->attn_norm.data(), H, c_.rms_norm_eps, alloc(s, r, H));
+          ref::rmsnorm(residual(layer, r), lv->attn_norm.data(), H, c_.rms_norm_eps,
+                       alloc(s, r, H));
         break;
       case Stage::qkv: {
         // q, k and v projections written side by side: [q (nH d) | k (nKV d) | v (nKV d)].
@@ -142,8 +126,9 @@ class CpuBackend final : public Backend {
         for (int r = 0; r < B; ++r) {
           const int pos = batch_.positions[size_t(r)];
           const int window = c_.sliding(layer) ? c_.sliding_window : 0;
-          ref::attention_scores(get(Stage::q_rope, r), caches_[batch_.seqs[size_t(r)]].k[size_t(layer)].data(),
-                                lv->sinks.data(), nH, nKV, d, pos, window, alloc(s, r, nH * (pos + 2)));
+          ref::attention_scores(
+              get(Stage::q_rope, r), caches_[batch_.seqs[size_t(r)]].k[size_t(layer)].data(),
+              lv->sinks.data(), nH, nKV, d, pos, window, alloc(s, r, nH * (pos + 2)));
         }
         break;
       case Stage::att:
@@ -154,22 +139,30 @@ class CpuBackend final : public Backend {
         break;
       case Stage::attn_out:
         for (int r = 0; r < B; ++r)
-          ref::attention_output(get(Stage::att, r), caches_[batch_.seqs[size_t(r)]].v[size_t(layer)].data(), nH,
-                                nKV, d, batch_.positions[size_t(r)], alloc(s, r, nH * d));
+          ref::attention_output(get(Stage::att, r),
+                                caches_[batch_.seqs[size_t(r)]].v[size_t(layer)].data(), nH, nKV, d,
+                                batch_.positions[size_t(r)], alloc(s, r, nH * d));
         break;
-      case Stage::o_proj: project(lw->o, Stage::attn_out, s); break;
+      case Stage::o_proj:
+        project(lw->o, Stage::attn_out, s);
+        break;
       case Stage::resid_attn:
-        for (int r = 0; r < B; ++r) add(residual(layer, r), get(Stage::o_proj, r), H, alloc(s, r, H));
+        for (int r = 0; r < B; ++r)
+          add(residual(layer, r), get(Stage::o_proj, r), H, alloc(s, r, H));
         break;
       case Stage::ffn_norm:
         for (int r = 0; r < B; ++r)
-          ref::rmsnorm(get(Stage::resid_attn, r), lv->ffn_norm.data(), H, c_.rms_norm_eps, alloc(s, r, H));
+          ref::rmsnorm(get(Stage::resid_attn, r), lv->ffn_norm.data(), H, c_.rms_norm_eps,
+                       alloc(s, r, H));
         break;
-      case Stage::router: project(lw->router, Stage::ffn_norm, s); break;
+      case Stage::router:
+        project(lw->router, Stage::ffn_norm, s);
+        break;
       case Stage::topk_idx:
         for (int r = 0; r < B; ++r) {
           topk_idx_[size_t(r)].resize(size_t(k));
-          ref::router_topk(get(Stage::router, r), c_.num_local_experts, k, topk_idx_[size_t(r)].data());
+          ref::router_topk(get(Stage::router, r), c_.num_local_experts, k,
+                           topk_idx_[size_t(r)].data());
         }
         break;
       case Stage::topk_w:
@@ -180,7 +173,8 @@ class CpuBackend final : public Backend {
         for (int r = 0; r < B; ++r) {
           T* h = alloc(s, r, k * 2 * I);
           for (int slot = 0; slot < k; ++slot)
-            ref::expert_linear(lw->mlp1, expert(r, slot), get(Stage::ffn_norm, r), h + size_t(slot) * 2 * I);
+            ref::expert_linear(lw->mlp1, expert(r, slot), get(Stage::ffn_norm, r),
+                               h + size_t(slot) * 2 * I);
         }
         break;
       case Stage::swiglu:
@@ -200,16 +194,21 @@ class CpuBackend final : public Backend {
         }
         break;
       case Stage::moe_out:
-        for (int r = 0; r < B; ++r) ref::moe_sum(get(Stage::topk_w, r), get(Stage::mlp2, r), k, H, alloc(s, r, H));
+        for (int r = 0; r < B; ++r)
+          ref::moe_sum(get(Stage::topk_w, r), get(Stage::mlp2, r), k, H, alloc(s, r, H));
         break;
       case Stage::resid_ffn:
-        for (int r = 0; r < B; ++r) add(get(Stage::resid_attn, r), get(Stage::moe_out, r), H, alloc(s, r, H));
+        for (int r = 0; r < B; ++r)
+          add(get(Stage::resid_attn, r), get(Stage::moe_out, r), H, alloc(s, r, H));
         break;
       case Stage::final_norm:
         for (int r = 0; r < B; ++r)
-          ref::rmsnorm(get(Stage::resid_ffn, r), final_norm_.data(), H, c_.rms_norm_eps, alloc(s, r, H));
+          ref::rmsnorm(get(Stage::resid_ffn, r), final_norm_.data(), H, c_.rms_norm_eps,
+                       alloc(s, r, H));
         break;
-      case Stage::logits: project(m_.lm_head, Stage::final_norm, s); break;
+      case Stage::logits:
+        project(m_.lm_head, Stage::final_norm, s);
+        break;
     }
   }
 
@@ -223,8 +222,10 @@ class CpuBackend final : public Backend {
     }
     d.type = data_type<T>();
     const auto& v = out_[size_t(s)][size_t(row)];
-    if constexpr (std::is_same_v<T, double>) d.f64 = v;
-    else d.f32 = v;
+    if constexpr (std::is_same_v<T, double>)
+      d.f64 = v;
+    else
+      d.f32 = v;
     return d;
   }
 
@@ -233,13 +234,15 @@ class CpuBackend final : public Backend {
       if (d.size() != topk_idx_[size_t(row)].size()) fail("write {}: wrong size", parity::name(s));
       for (size_t i = 0; i < d.size(); ++i) {
         const double e = d.at(i);
-        if (e < 0 || e >= c_.num_local_experts) fail("write {}: expert {} out of range", parity::name(s), e);
+        if (e < 0 || e >= c_.num_local_experts)
+          fail("write {}: expert {} out of range", parity::name(s), e);
         topk_idx_[size_t(row)][i] = int32_t(e);
       }
       return;
     }
     auto& v = out_[size_t(s)][size_t(row)];
-    if (d.size() != v.size()) fail("write {}: {} values for a row of {}", parity::name(s), d.size(), v.size());
+    if (d.size() != v.size())
+      fail("write {}: {} values for a row of {}", parity::name(s), d.size(), v.size());
     for (size_t i = 0; i < v.size(); ++i) v[i] = T(d.at(i));
   }
 
