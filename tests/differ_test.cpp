@@ -16,6 +16,7 @@
 #include "tracer/differ.h"
 #include "tracer/profiles.h"
 #include "tracer/report.h"
+#include "tests/test_util.h"
 #include "tracer/trace_file.h"
 
 namespace parity {
@@ -25,22 +26,7 @@ namespace fs = std::filesystem;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-Config diff_config(int hidden = 8) {
-  Config c;
-  c.vocab_size = 16;
-  c.hidden_size = hidden;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 4;
-  c.num_local_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.sliding_window = 4;
-  c.layer_is_sliding = {true, false};
-  c.validate("differ test config");
-  return c;
-}
+Config diff_config(int hidden = 8) { return test::small_config(hidden); }
 
 TraceMeta meta_for(const Config& c, const std::string& backend) {
   TraceMeta m;
@@ -536,7 +522,7 @@ ToolRun run_parity_diff(const std::string& args, const std::string& scratch) {
 }
 
 TEST(ParityDiffTool, ExitCodes) {
-  if (!fs::exists(PARITY_BIN_DIR "/parity-diff")) GTEST_SKIP() << "parity-diff is not built";
+  ASSERT_TRUE(fs::exists(PARITY_BIN_DIR "/parity-diff")) << "parity-diff is not built";
   const Config c = diff_config();
   TempDir dir;
   const std::string ref = dir.file("ref.h5"), same = dir.file("same.h5"), bad = dir.file("bad.h5"),

@@ -13,6 +13,23 @@
 #include "model/synth.h"
 
 namespace parity::test {
+
+Config small_config(int hidden) {
+  Config c;
+  c.vocab_size = 16;
+  c.hidden_size = hidden;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 4;
+  c.num_local_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.sliding_window = 4;
+  c.layer_is_sliding = {true, false};
+  c.validate("small test config");
+  return c;
+}
 namespace fs = std::filesystem;
 
 namespace {
@@ -34,8 +51,9 @@ std::vector<std::string>& created() {
 
 std::string temp_dir(const std::string& tag) {
   static int counter = 0;
-  const fs::path p = fs::temp_directory_path() /
-                     ("parity-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  const fs::path p =
+      fs::temp_directory_path() /
+      ("parity-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   fs::remove_all(p);
   fs::create_directories(p);
   created().push_back(p.string());

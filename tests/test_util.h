@@ -3,7 +3,12 @@
 #pragma once
 #include <string>
 
+#include "model/config.h"
+
 namespace parity::test {
+
+// A valid two-layer config (one sliding, one full layer) for trace and differ tests.
+Config small_config(int hidden = 8);
 
 // Directory of the tiny preset, synthesized once per test process into a temp directory.
 const std::string& tiny_model_dir();

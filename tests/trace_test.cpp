@@ -12,28 +12,14 @@
 #include <limits>
 
 #include "model/error.h"
+#include "tests/test_util.h"
 #include "tracer/trace_file.h"
 
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
 
-Config small_config() {
-  Config c;
-  c.vocab_size = 16;
-  c.hidden_size = 8;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 4;
-  c.num_local_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.sliding_window = 4;
-  c.layer_is_sliding = {true, false};
-  c.validate("small test config");
-  return c;
-}
+Config small_config() { return test::small_config(); }
 
 TraceMeta small_meta(const Config& c, const std::string& backend) {
   TraceMeta m;
