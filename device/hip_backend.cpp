@@ -95,6 +95,9 @@ class HipBackend final : public Backend {
            "activations and KV cache, float32 accumulation with explicit fma in a fixed order, "
            "no other contraction (" PARITY_DEVICE_FP_CONTRACT "), precise expf/sinf/cosf/sqrtf";
   }
+  // CUDA's and HIP's expf, sinf, cosf and sqrtf (no fast-math) are within 2 ulp; the policy
+  // allows twice that.
+  PrecisionPolicy precision_policy() const override { return PrecisionPolicy::float32(4); }
   nlohmann::json facts() const override { return facts_; }
   const Config& config() const override { return c_; }
 
@@ -117,7 +120,9 @@ class HipBackend final : public Backend {
   AttentionShape attention_shape(int layer) const;
 
   float* out(Stage s) const { return act_.as<float>(stage_offset_[size_t(s)]); }
-  int32_t* topk_idx() const { return act_.as<int32_t>(stage_offset_[size_t(Stage::topk_idx)]); }
+  // Index stages (topk_idx, sampled) keep int32 rows in their slot of the activations.
+  int32_t* index_out(Stage s) const { return act_.as<int32_t>(stage_offset_[size_t(s)]); }
+  int32_t* topk_idx() const { return index_out(Stage::topk_idx); }
   float* row_ptr(Stage s, int row) const {
     if (info(s).shape == Shape::keys)
       return (s == Stage::scores ? scores_ : att_) + rows_host_[size_t(row)].scores_offset;
@@ -548,6 +553,9 @@ void HipBackend::run(Stage s, int layer) {
     case Stage::logits:
       gemv({lm_head_, nullptr}, Stage::final_norm, s);
       break;
+    case Stage::sampled:
+      launch_f32_argmax(out(Stage::logits), B, c_.vocab_size, index_out(s), st);
+      break;
   }
 }
 
@@ -565,7 +573,7 @@ StageData HipBackend::read(Stage s, int layer, int row) {
   if (info(s).kind == ValueKind::Index) {
     d.type = StageData::Type::I32;
     d.i32.resize(n);
-    HIP_CHECK(hipMemcpyAsync(d.i32.data(), topk_idx() + size_t(row) * n, n * sizeof(int32_t),
+    HIP_CHECK(hipMemcpyAsync(d.i32.data(), index_out(s) + size_t(row) * n, n * sizeof(int32_t),
                              hipMemcpyDeviceToHost, st));
   } else {
     d.type = StageData::Type::F32;
@@ -590,13 +598,13 @@ void HipBackend::write(Stage s, int layer, int row, const StageData& data) {
   const hipStream_t st = stream_.get();
   if (info(s).kind == ValueKind::Index) {
     std::vector<int32_t> idx(n);
+    const double limit = s == Stage::sampled ? c_.vocab_size : c_.num_local_experts;
     for (size_t i = 0; i < n; ++i) {
       const double e = data.at(i);
-      if (!(e >= 0 && e < c_.num_local_experts))
-        fail("write {}: expert {} out of range", parity::name(s), e);
+      if (!(e >= 0 && e < limit)) fail("write {}: index {} out of range", parity::name(s), e);
       idx[i] = int32_t(e);
     }
-    HIP_CHECK(hipMemcpyAsync(topk_idx() + size_t(row) * n, idx.data(), n * sizeof(int32_t),
+    HIP_CHECK(hipMemcpyAsync(index_out(s) + size_t(row) * n, idx.data(), n * sizeof(int32_t),
                              hipMemcpyHostToDevice, st));
     HIP_CHECK(hipStreamSynchronize(st));
   } else {

@@ -9,7 +9,7 @@
 // a row's result does not depend on the other rows of the batch or on the run.
 //
 // Files (same base names as reference/): embedding.hip, rmsnorm.hip, linear.hip, rope.hip,
-// attention.hip, router.hip, experts.hip, swiglu.hip, residual.hip.
+// attention.hip, router.hip, experts.hip, swiglu.hip, residual.hip, sampled.hip.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -153,5 +153,10 @@ void launch_f32_moe_weighted_sum_residual(const float* w, const float* expert_ou
 
 // y (count,) = a + b.
 void launch_f32_add(const float* a, const float* b, int64_t count, float* y, hipStream_t stream);
+
+// greedy sampling: token[b] = argmax of logits[b] (V,), the lowest index among equal values;
+// NaN never wins unless every value is NaN (then 0). (reference/sampled.cpp)
+void launch_f32_argmax(const float* logits, int batch, int vocab, int32_t* token,
+                       hipStream_t stream);
 
 }  // namespace parity::device

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -57,11 +58,29 @@ struct StageData {
 // Dimensions of one row of a stage at a given position (keys = pos + 1 for scores/att).
 std::vector<size_t> stage_dims(const Config& c, Stage s, int pos);
 
+// How a backend rounds, as numbers the error bounds (tracer/bounds.h) are derived from:
+// the unit roundoff of the activations it stores and reads (its stage outputs, its KV cache),
+// the unit roundoff of its accumulations and elementary operations, and the largest error of
+// its elementary functions (exp, sin, cos, sqrt, division) in units of that roundoff, and the
+// smallest normal number of its storage format (below it a correct device may flush to zero).
+struct PrecisionPolicy {
+  double storage_unit_roundoff = 0x1p-24;       // float32: 2^-24
+  double accumulation_unit_roundoff = 0x1p-24;  // float32
+  double function_ulps = 4;
+  double storage_min_normal = 0x1p-126;  // float32 (and bfloat16)
+  nlohmann::json to_json() const;
+  // Throws parity::Error naming `source` unless every field is present, finite and in range.
+  static PrecisionPolicy from_json(const nlohmann::json& j, const std::string& source);
+  static PrecisionPolicy float32(double function_ulps);
+  static PrecisionPolicy float64();
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;       // "reference", "cpu-f32", "hip"
   virtual std::string precision() const = 0;  // human-readable precision policy
+  virtual PrecisionPolicy precision_policy() const = 0;  // the same, as numbers
   virtual nlohmann::json facts() const { return nlohmann::json::object(); }  // device, versions
   virtual const Config& config() const = 0;
 
@@ -73,8 +92,19 @@ class Backend {
   virtual void run(Stage s, int layer) = 0;
   // Host copy of one row's output of the stage last run for (s, layer) in this step.
   virtual StageData read(Stage s, int layer, int row) = 0;
-  // Overwrites one row's output (fault injection, replay).
+  // Overwrites one row's output (fault injection, replay). A later stage that reads it sees
+  // the written row, as if the stage had produced it.
   virtual void write(Stage s, int layer, int row, const StageData& data) = 0;
+  // Whether write() works for this stage, i.e. whether the stages reading it can be replayed
+  // on another backend's values (teacher forcing).
+  virtual bool writable(Stage) const { return true; }
+  // For stages whose elements are sums of products (the projections, scores, attn_out): per
+  // element, the sum of the absolute values of the terms, |bias| included -- the scale of the
+  // rounding error of that sum. Computed from the row's own inputs, in float64, by backends
+  // that keep float64 (the reference); nullopt for other stages and other backends.
+  virtual std::optional<StageData> magnitude(Stage, int /*layer*/, int /*row*/) {
+    return std::nullopt;
+  }
   // Drops every sequence's KV cache.
   virtual void reset() = 0;
 };

@@ -1,13 +1,23 @@
 // The gpt-oss forward graph, written once: the sequence of stage calls every backend runs,
 // with the tracer's observer and fault injection at every stage boundary.
 #pragma once
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "model/backend.h"
+#include "model/injection.h"
 
 namespace parity {
+
+// Which run a traced row comes from.
+//   output     a backend's own output: the reference's values, or a candidate running free on
+//              its own inputs (its error accumulated over every stage before)
+//   replay     a candidate stage re-run on the reference's inputs (teacher forcing): the
+//              stage's local result, whose error is that stage's own
+//   magnitude  the reference's per-element sum of |terms| of a stage's sums (Backend::magnitude)
+enum class Series { output, replay, magnitude };
 
 // Where a row of a stage's output lives: the key of a trace dataset.
 struct StageKey {
@@ -15,10 +25,45 @@ struct StageKey {
   int layer = kModelLayer;  // kModelLayer for model-scope stages
   Stage stage = Stage::embedding;
   int order = 0;  // execution order within the position (see execution_order)
+  Series series = Series::output;
 };
 
-// Execution order of (layer, stage) within one position: embedding, then every layer's
-// stages in list order, then final_norm and logits.
+// The model-scope stages before and after the layers, in order.
+inline constexpr std::array kPrologue = {Stage::embedding};
+inline constexpr std::array kEpilogue = {Stage::final_norm, Stage::logits, Stage::sampled};
+
+// The graph, written once: fn(layer, stage) for every stage call of one step, in order.
+// A layer is the attention block, then the MoE block (gpt_oss/torch/model.py TransformerBlock).
+template <typename F>
+void walk_graph(const Config& c, F&& fn) {
+  for (Stage s : kPrologue) fn(kModelLayer, s);
+  for (int L = 0; L < c.num_hidden_layers; ++L) {
+    fn(L, Stage::attn_norm);
+    fn(L, Stage::qkv);
+    fn(L, Stage::q_rope);
+    fn(L, Stage::k_rope);
+    fn(L, Stage::v);
+    fn(L, Stage::scores);
+    fn(L, Stage::att);
+    fn(L, Stage::attn_out);
+    fn(L, Stage::o_proj);
+    fn(L, Stage::resid_attn);
+    fn(L, Stage::ffn_norm);
+    fn(L, Stage::router);
+    fn(L, Stage::topk_idx);
+    fn(L, Stage::topk_w);
+    fn(L, Stage::mlp1);
+    fn(L, Stage::swiglu);
+    fn(L, Stage::mlp2);
+    fn(L, Stage::moe_out);
+    fn(L, Stage::resid_ffn);
+  }
+  for (Stage s : kEpilogue) fn(kModelLayer, s);
+}
+
+// The stage calls of one step, in order, as (layer, stage).
+std::vector<std::pair<int, Stage>> stage_sequence(const Config& c);
+// Execution order of (layer, stage) within one position: its index in stage_sequence.
 int execution_order(const Config& c, int layer, Stage s);
 int stages_per_position(const Config& c);
 
@@ -29,27 +74,10 @@ class Observer {
   virtual void record(const StageKey& key, const StageData& data) = 0;
 };
 
-// Fault injection: perturb one stage's output at one layer (kModelLayer for model scope) on
-// every row. Modes: add (the first finite element moves by 0.5 + 0.5|x|; for topk_idx the
-// first slot gets the lowest unselected expert), nan (the first finite element becomes NaN),
-// zero (the whole row becomes 0; topk_idx as add).
-struct Injection {
-  enum class Mode { Add, NaN, Zero };
-  Stage stage = Stage::embedding;
-  int layer = kModelLayer;
-  Mode mode = Mode::Add;
-  // "STAGE:LAYER[:MODE]" or "STAGE[:MODE]" for model-scope stages; throws on bad text.
-  static Injection parse(const std::string& text, const Config& c);
-  std::string str() const;
-};
-void apply_injection(const Injection& inj, const Config& c, StageData& row);
-
-// Runs one step of the graph. `observer` and `injection` may be null: then the graph is only
-// the list of backend calls and costs nothing more.
+// Runs one step of the graph on one backend. `observer` and `injection` may be null: then the
+// graph is only the list of backend calls and costs nothing more. The observer sees the rows of
+// sequence 0.
 void forward(Backend& backend, const Batch& batch, Observer* observer = nullptr,
              const Injection* injection = nullptr);
-
-// The stage calls of one step, in order, as (layer, stage); the graph itself iterates this.
-std::vector<std::pair<int, Stage>> stage_sequence(const Config& c);
 
 }  // namespace parity

@@ -1,11 +1,20 @@
 // Attention with sinks, GQA and the sliding window (gpt_oss/torch/model.py sdpa):
 // scores, softmax over keys plus the sink column, and the probability-weighted value sum.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "reference/ops.h"
 
 namespace parity::ref {
+namespace {
+// Below this many multiply-adds a row's heads run on one thread: a parallel region costs more
+// than the work (the tiny models, short prefixes).
+constexpr int64_t kParallelWork = int64_t(1) << 16;
+bool worth_threads(int n_heads, int pos, int d) {
+  return int64_t(n_heads) * (pos + 1) * d >= kParallelWork;
+}
+}  // namespace
 
 template <typename T>
 void attention_scores(const T* q, const T* k_cache, const T* sinks, int n_heads, int n_kv, int d,
@@ -14,7 +23,7 @@ void attention_scores(const T* q, const T* k_cache, const T* sinks, int n_heads,
   const int cols = pos + 2;
   const T scale = T(1) / std::sqrt(T(d));
   const int first = window > 0 ? std::max(0, pos - window + 1) : 0;  // window keys incl. self
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(n_heads, pos, d))
   for (int h = 0; h < n_heads; ++h) {
     const T* qh = q + size_t(h) * d;
     const int kv = h / group;
@@ -47,7 +56,7 @@ void attention_output(const T* probs, const T* v_cache, int n_heads, int n_kv, i
                       T* out) {
   const int group = n_heads / n_kv;
   const int cols = pos + 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(n_heads, pos, d))
   for (int h = 0; h < n_heads; ++h) {
     const T* p = probs + size_t(h) * cols;
     const int kv = h / group;
@@ -57,6 +66,41 @@ void attention_output(const T* probs, const T* v_cache, int n_heads, int n_kv, i
       if (p[j] == T(0)) continue;  // masked keys contribute exactly nothing
       const T* vj = v_cache + (size_t(j) * n_kv + kv) * d;
       for (int i = 0; i < d; ++i) o[i] += p[j] * vj[i];
+    }
+  }
+}
+
+void attention_scores_magnitude(const double* q, const double* k_cache, const double* sinks,
+                                int n_heads, int n_kv, int d, int pos, int window, double* m) {
+  const int group = n_heads / n_kv;
+  const int cols = pos + 2;
+  const double scale = 1.0 / std::sqrt(double(d));
+  const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
+#pragma omp parallel for schedule(static) if (worth_threads(n_heads, pos, d))
+  for (int h = 0; h < n_heads; ++h) {
+    const double* qh = q + size_t(h) * d;
+    const int kv = h / group;
+    double* row = m + size_t(h) * cols;
+    for (int j = 0; j <= pos; ++j)
+      row[j] = j < first ? 0.0 : dot_magnitude(qh, k_cache + (size_t(j) * n_kv + kv) * d, d) * scale;
+    row[pos + 1] = std::fabs(sinks[h]);
+  }
+}
+
+void attention_output_magnitude(const double* probs, const double* v_cache, int n_heads, int n_kv,
+                                int d, int pos, double* m) {
+  const int group = n_heads / n_kv;
+  const int cols = pos + 2;
+#pragma omp parallel for schedule(static) if (worth_threads(n_heads, pos, d))
+  for (int h = 0; h < n_heads; ++h) {
+    const double* p = probs + size_t(h) * cols;
+    const int kv = h / group;
+    double* o = m + size_t(h) * d;
+    for (int i = 0; i < d; ++i) o[i] = 0;
+    for (int j = 0; j <= pos; ++j) {
+      if (p[j] == 0.0) continue;
+      const double* vj = v_cache + (size_t(j) * n_kv + kv) * d;
+      for (int i = 0; i < d; ++i) o[i] += std::fabs(p[j]) * std::fabs(vj[i]);
     }
   }
 }

@@ -7,6 +7,8 @@
 #include <array>
 #include <limits>
 #include <map>
+#include <optional>
+#include <span>
 
 #include "model/error.h"
 #include "reference/ops.h"
@@ -46,6 +48,11 @@ class CpuBackend final : public Backend {
                ? "weights exact (BF16/MXFP4 decoded), activations and accumulation in float64"
                : "weights exact (BF16/MXFP4 decoded), activations and accumulation in float32";
   }
+  // cpu-f32's exp, sin, cos and sqrt are the C library's float functions (within 1 ulp in
+  // glibc); the policy allows 4.
+  PrecisionPolicy precision_policy() const override {
+    return std::is_same_v<T, double> ? PrecisionPolicy::float64() : PrecisionPolicy::float32(4);
+  }
   nlohmann::json facts() const override {
     return {{"device", "cpu"}, {"omp_max_threads", omp_get_max_threads()}};
   }
@@ -58,8 +65,7 @@ class CpuBackend final : public Backend {
     for (const auto& [seq, step] : steps) truncate(seq, step.first);
     batch_ = b;
     for (auto& rows : out_) rows.assign(size_t(b.rows()), {});
-    for (auto& idx : topk_idx_) idx.clear();
-    topk_idx_.assign(size_t(b.rows()), {});
+    for (auto& rows : idx_) rows.assign(size_t(b.rows()), {});
   }
 
   void run(Stage s, int layer) override {
@@ -123,25 +129,30 @@ class CpuBackend final : public Backend {
           std::copy_n(get(Stage::k_rope, r), nKV * d, kc.begin() + long(at));
           std::copy_n(get(Stage::v, r), nKV * d, vc.begin() + long(at));
         }
+        // Rows in parallel when the step has several (each row's heads then run on one
+        // thread; a single row runs its heads in parallel inside the op). One thread computes
+        // each element in a fixed order either way.
+#pragma omp parallel for schedule(dynamic) if (B > 1)
         for (int r = 0; r < B; ++r) {
           const int pos = batch_.positions[size_t(r)];
-          const int window = c_.sliding(layer) ? c_.sliding_window : 0;
           ref::attention_scores(
-              get(Stage::q_rope, r), caches_[batch_.seqs[size_t(r)]].k[size_t(layer)].data(),
-              lv->sinks.data(), nH, nKV, d, pos, window, alloc(s, r, nH * (pos + 2)));
+              get(Stage::q_rope, r), caches_.at(batch_.seqs[size_t(r)]).k[size_t(layer)].data(),
+              lv->sinks.data(), nH, nKV, d, pos, window(layer), alloc(s, r, nH * (pos + 2)));
         }
         break;
       case Stage::att:
+#pragma omp parallel for schedule(dynamic) if (B > 1)
         for (int r = 0; r < B; ++r) {
           const int cols = batch_.positions[size_t(r)] + 2;
           ref::softmax_with_sink(get(Stage::scores, r), nH, cols, alloc(s, r, nH * cols));
         }
         break;
       case Stage::attn_out:
+#pragma omp parallel for schedule(dynamic) if (B > 1)
         for (int r = 0; r < B; ++r)
           ref::attention_output(get(Stage::att, r),
-                                caches_[batch_.seqs[size_t(r)]].v[size_t(layer)].data(), nH, nKV, d,
-                                batch_.positions[size_t(r)], alloc(s, r, nH * d));
+                                caches_.at(batch_.seqs[size_t(r)]).v[size_t(layer)].data(), nH,
+                                nKV, d, batch_.positions[size_t(r)], alloc(s, r, nH * d));
         break;
       case Stage::o_proj:
         project(lw->o, Stage::attn_out, s);
@@ -159,24 +170,25 @@ class CpuBackend final : public Backend {
         project(lw->router, Stage::ffn_norm, s);
         break;
       case Stage::topk_idx:
-        for (int r = 0; r < B; ++r) {
-          topk_idx_[size_t(r)].resize(size_t(k));
-          ref::router_topk(get(Stage::router, r), c_.num_local_experts, k,
-                           topk_idx_[size_t(r)].data());
-        }
+        for (int r = 0; r < B; ++r)
+          ref::router_topk(get(Stage::router, r), c_.num_local_experts, k, alloc_idx(s, r, k));
         break;
       case Stage::topk_w:
         for (int r = 0; r < B; ++r)
-          ref::topk_softmax(get(Stage::router, r), topk_idx_[size_t(r)].data(), k, alloc(s, r, k));
+          ref::topk_softmax(get(Stage::router, r), get_idx(Stage::topk_idx, r), k, alloc(s, r, k));
         break;
-      case Stage::mlp1:
+      case Stage::mlp1: {
+        // Every (row, slot) of the step at once, grouped by expert: each weight row is decoded
+        // once per step, not once per token.
+        std::vector<ref::ExpertJob<T>> jobs;
         for (int r = 0; r < B; ++r) {
           T* h = alloc(s, r, k * 2 * I);
           for (int slot = 0; slot < k; ++slot)
-            ref::expert_linear(lw->mlp1, expert(r, slot), get(Stage::ffn_norm, r),
-                               h + size_t(slot) * 2 * I);
+            jobs.push_back({expert(r, slot), get(Stage::ffn_norm, r), h + size_t(slot) * 2 * I});
         }
+        ref::expert_linear_batch(lw->mlp1, std::span<const ref::ExpertJob<T>>(jobs));
         break;
+      }
       case Stage::swiglu:
         for (int r = 0; r < B; ++r) {
           T* a = alloc(s, r, k * I);
@@ -185,14 +197,17 @@ class CpuBackend final : public Backend {
                         T(c_.swiglu_limit), a + size_t(slot) * I);
         }
         break;
-      case Stage::mlp2:
+      case Stage::mlp2: {
+        std::vector<ref::ExpertJob<T>> jobs;
         for (int r = 0; r < B; ++r) {
           T* y = alloc(s, r, k * H);
           for (int slot = 0; slot < k; ++slot)
-            ref::expert_linear(lw->mlp2, expert(r, slot), get(Stage::swiglu, r) + size_t(slot) * I,
-                               y + size_t(slot) * H);
+            jobs.push_back(
+                {expert(r, slot), get(Stage::swiglu, r) + size_t(slot) * I, y + size_t(slot) * H});
         }
+        ref::expert_linear_batch(lw->mlp2, std::span<const ref::ExpertJob<T>>(jobs));
         break;
+      }
       case Stage::moe_out:
         for (int r = 0; r < B; ++r)
           ref::moe_sum(get(Stage::topk_w, r), get(Stage::mlp2, r), k, H, alloc(s, r, H));
@@ -209,6 +224,10 @@ class CpuBackend final : public Backend {
       case Stage::logits:
         project(m_.lm_head, Stage::final_norm, s);
         break;
+      case Stage::sampled:
+        for (int r = 0; r < B; ++r)
+          ref::argmax(get(Stage::logits, r), c_.vocab_size, alloc_idx(s, r, 1));
+        break;
     }
   }
 
@@ -217,7 +236,7 @@ class CpuBackend final : public Backend {
     d.dims = stage_dims(c_, s, batch_.positions[size_t(row)]);
     if (info(s).kind == ValueKind::Index) {
       d.type = StageData::Type::I32;
-      d.i32 = topk_idx_[size_t(row)];
+      d.i32 = idx_[size_t(s)][size_t(row)];
       return d;
     }
     d.type = data_type<T>();
@@ -231,12 +250,13 @@ class CpuBackend final : public Backend {
 
   void write(Stage s, int /*layer*/, int row, const StageData& d) override {
     if (info(s).kind == ValueKind::Index) {
-      if (d.size() != topk_idx_[size_t(row)].size()) fail("write {}: wrong size", parity::name(s));
+      auto& v = idx_[size_t(s)][size_t(row)];
+      if (d.size() != v.size()) fail("write {}: {} values for a row of {}", parity::name(s), d.size(), v.size());
+      const double limit = s == Stage::sampled ? c_.vocab_size : c_.num_local_experts;
       for (size_t i = 0; i < d.size(); ++i) {
         const double e = d.at(i);
-        if (e < 0 || e >= c_.num_local_experts)
-          fail("write {}: expert {} out of range", parity::name(s), e);
-        topk_idx_[size_t(row)][i] = int32_t(e);
+        if (!(e >= 0 && e < limit)) fail("write {}: index {} out of range", parity::name(s), e);
+        v[i] = int32_t(e);
       }
       return;
     }
@@ -244,6 +264,70 @@ class CpuBackend final : public Backend {
     if (d.size() != v.size())
       fail("write {}: {} values for a row of {}", parity::name(s), d.size(), v.size());
     for (size_t i = 0; i < v.size(); ++i) v[i] = T(d.at(i));
+  }
+
+  // The reference's magnitude rows: per element, the sum of |terms| of its sum, from the row's
+  // inputs as they are now (right after the stage ran).
+  std::optional<StageData> magnitude(Stage s, int layer, int row) override {
+    if constexpr (!std::is_same_v<T, double>) {
+      return std::nullopt;
+    } else {
+      const int H = c_.hidden_size, d = c_.head_dim, nH = c_.num_attention_heads,
+                nKV = c_.num_key_value_heads, k = c_.num_experts_per_tok, I = c_.intermediate_size;
+      const LayerWeights* lw = layer >= 0 ? &m_.layers[size_t(layer)] : nullptr;
+      const int pos = batch_.positions[size_t(row)];
+      StageData m;
+      m.type = StageData::Type::F64;
+      m.dims = stage_dims(c_, s, pos);
+      size_t n = 1;
+      for (size_t x : m.dims) n *= x;
+      m.f64.assign(n, 0.0);
+      double* out = m.f64.data();
+      switch (s) {
+        case Stage::qkv: {
+          const double* x = get(Stage::attn_norm, row);
+          ref::linear_magnitude(lw->q, x, out);
+          ref::linear_magnitude(lw->k, x, out + c_.q_dim());
+          ref::linear_magnitude(lw->v, x, out + c_.q_dim() + c_.kv_dim());
+          return m;
+        }
+        case Stage::o_proj:
+          ref::linear_magnitude(lw->o, get(Stage::attn_out, row), out);
+          return m;
+        case Stage::router:
+          ref::linear_magnitude(lw->router, get(Stage::ffn_norm, row), out);
+          return m;
+        case Stage::logits:
+          ref::linear_magnitude(m_.lm_head, get(Stage::final_norm, row), out);
+          return m;
+        case Stage::mlp1:
+          for (int slot = 0; slot < k; ++slot)
+            ref::expert_linear_magnitude(lw->mlp1, expert(row, slot), get(Stage::ffn_norm, row),
+                                         out + size_t(slot) * 2 * I);
+          return m;
+        case Stage::mlp2:
+          for (int slot = 0; slot < k; ++slot)
+            ref::expert_linear_magnitude(lw->mlp2, expert(row, slot),
+                                         get(Stage::swiglu, row) + size_t(slot) * I,
+                                         out + size_t(slot) * H);
+          return m;
+        case Stage::scores: {
+          const Cache& cache = caches_.at(batch_.seqs[size_t(row)]);
+          ref::attention_scores_magnitude(get(Stage::q_rope, row), cache.k[size_t(layer)].data(),
+                                          layer_vectors_[size_t(layer)].sinks.data(), nH, nKV, d,
+                                          pos, window(layer), out);
+          return m;
+        }
+        case Stage::attn_out: {
+          const Cache& cache = caches_.at(batch_.seqs[size_t(row)]);
+          ref::attention_output_magnitude(get(Stage::att, row), cache.v[size_t(layer)].data(), nH,
+                                          nKV, d, pos, out);
+          return m;
+        }
+        default:
+          return std::nullopt;
+      }
+    }
   }
 
   void reset() override { caches_.clear(); }
@@ -262,10 +346,16 @@ class CpuBackend final : public Backend {
     return v.data();
   }
   const T* get(Stage s, int r) const { return out_[size_t(s)][size_t(r)].data(); }
-  const T* residual(int layer, int r) const {
-    return get(layer == 0 ? Stage::embedding : Stage::resid_ffn, r);
+  int32_t* alloc_idx(Stage s, int r, int n) {
+    auto& v = idx_[size_t(s)][size_t(r)];
+    v.assign(size_t(n), 0);
+    return v.data();
   }
-  int expert(int r, int slot) const { return topk_idx_[size_t(r)][size_t(slot)]; }
+  const int32_t* get_idx(Stage s, int r) const { return idx_[size_t(s)][size_t(r)].data(); }
+  // Each layer's buffers hold the last layer run, so the residual entering `layer` is there.
+  const T* residual(int layer, int r) const { return get(residual_input(layer).stage, r); }
+  int expert(int r, int slot) const { return idx_[size_t(Stage::topk_idx)][size_t(r)][size_t(slot)]; }
+  int window(int layer) const { return c_.sliding(layer) ? c_.sliding_window : 0; }
   std::vector<T> gather(Stage s, int n) const {
     std::vector<T> x(size_t(batch_.rows()) * n);
     for (int r = 0; r < batch_.rows(); ++r) std::copy_n(get(s, r), n, x.data() + size_t(r) * n);
@@ -300,8 +390,8 @@ class CpuBackend final : public Backend {
   std::vector<LayerVectors> layer_vectors_;
   std::vector<T> final_norm_;
   Batch batch_;
-  std::array<std::vector<std::vector<T>>, kNumStages> out_;
-  std::vector<std::vector<int32_t>> topk_idx_;
+  std::array<std::vector<std::vector<T>>, kNumStages> out_;        // real stages
+  std::array<std::vector<std::vector<int32_t>>, kNumStages> idx_;  // index stages
   std::map<int, Cache> caches_;
 };
 

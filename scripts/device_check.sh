@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The device path's checks on a GPU machine: build, the test suite (device tests included),
-# compute-sanitizer, the tiny model traced on the device, the synthetic 20b traced at position
-# 0 and past the sliding window, and the decode benchmark against the copy-bandwidth floor.
+# compute-sanitizer, the tiny and transformers-initialised models traced on the device, the
+# synthetic 20b (and its realistic-magnitude twin) traced at positions 0, 200, 1000 and 2049 with
+# replay and derived bounds, the replay's cost, and the decode benchmark against the
+# copy-bandwidth floor.
 #
-# Usage: scripts/device_check.sh [STEP...]     STEP: build tests sanitize tiny 20b bench (default: all)
+# Usage: scripts/device_check.sh [STEP...]
+#   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench (default: all)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # CUDA_ARCH / HIP_ARCH (90 / gfx90a).
@@ -19,7 +22,7 @@ MODELS_DIR="${MODELS_DIR:-/tmp/parity-models}"
 JOBS="$(nproc)"
 mkdir -p "$LOG_DIR"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build tests sanitize tiny 20b bench)
+[ ${#steps[@]} -eq 0 ] && steps=(build tests sanitize tiny hf 20b 20b-real replay-cost bench)
 bin="$BUILD_DIR/bin"
 tiny_tokens="1,17,300,42,999,5,77,128,256,3,1000,64,9,511,22,700,31,8,123,900"
 
@@ -53,8 +56,8 @@ step_tests() {
   # set their own).
   OMP_NUM_THREADS=2 logged tests ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 300 -j"$JOBS"
   # The device tests must have run here, not skipped.
-  logged tests "$bin/parity_tests" --gtest_filter='DeviceKernels.*:*CandidateTest*hip*:*InjectionTest*hip_*' \
-    --gtest_brief=1
+  logged tests "$bin/parity_tests" \
+    --gtest_filter='DeviceKernels.*:*CandidateTest*hip*:*InjectionTest*hip_*:*Mutation*hip*' --gtest_brief=1
   if grep -q "SKIPPED" <("$bin/parity_tests" --gtest_filter='DeviceKernels.*' 2>&1); then
     echo "FAILED: device tests skipped on the GPU machine"
     return 1
@@ -77,10 +80,62 @@ step_sanitize() {
 
 step_tiny() {
   logged tiny "$bin/parity-trace" --model tiny --models-dir "$MODELS_DIR" --tokens "$tiny_tokens" \
-    --candidate hip --profile fp32 --out "$LOG_DIR/tiny"
-  grep -E "^(PASS|DIVERGED)|^candidate|^timing" "$LOG_DIR/tiny.log"
+    --generate 8 --candidate hip --out "$LOG_DIR/tiny"
+  grep -E "^(PASS|DIVERGED)|^candidate|^timing|^generated" "$LOG_DIR/tiny.log"
   cp "$LOG_DIR/tiny/report.txt" "$LOG_DIR/tiny-report.txt"
   rm -f "$LOG_DIR"/tiny/*.h5
+  # Far into the tiny model's context (4096): float32 RoPE angles at large positions.
+  logged tiny "$bin/parity-trace" --model tiny --models-dir "$MODELS_DIR" --token 5 --pos 4000 \
+    --candidate hip --out "$LOG_DIR/tiny-4000"
+  grep -E "^(PASS|DIVERGED)" "$LOG_DIR/tiny.log" | tail -n 1
+  rm -rf "$LOG_DIR/tiny-4000"
+}
+
+# The transformers-initialised models (golden/hf-*; hf-large has norm weights, biases and sinks
+# of real checkpoints' size), 200 positions, all traced.
+step_hf() {
+  local tokens
+  tokens="$(awk 'BEGIN { for (i = 0; i < 200; i++) printf "%s%d", (i ? "," : ""), (7 + 7919 * i) % 512 }')"
+  for m in hf-tiny hf-large; do
+    logged hf "$bin/parity-trace" --model "golden/$m" --tokens "$tokens" --candidate hip --out "$LOG_DIR/$m"
+    grep -E "^(PASS|DIVERGED)" "$LOG_DIR/hf.log" | tail -n 1
+    cp "$LOG_DIR/$m/report.txt" "$LOG_DIR/$m-report.txt"
+    rm -rf "$LOG_DIR/$m"
+  done
+}
+
+# Traces the 20b-shaped model $1 (a preset name under MODELS_DIR) at the positions $2...,
+# logging to LOG_DIR/$1.log; a divergence (exit 1) is a result to record, an error stops.
+trace_20b() {
+  local model="$1"
+  shift
+  local log="$LOG_DIR/$model.log"
+  for pos in "$@"; do
+    set +e
+    "$bin/parity-trace" --model "$model" --models-dir "$MODELS_DIR" --token 0 --pos "$pos" \
+      --candidate hip --step 256 --out "$LOG_DIR/$model-pos$pos" >>"$log" 2>&1
+    local rc=$?
+    set -e
+    echo "$model pos $pos: parity-trace exit $rc" | tee -a "$log"
+    [ $rc -ge 2 ] && { tail -n 40 "$log"; return 1; }
+    grep -E "^(PASS|DIVERGED)|^timing" "$LOG_DIR/$model-pos$pos/report.txt" | sed "s/^/  /" | tee -a "$log"
+    python3 - "$LOG_DIR/$model-pos$pos/report.json" <<'PY' | tee -a "$log"
+import json, sys
+j = json.load(open(sys.argv[1]))
+worst = {}
+for d in j["datasets"]:
+    for side in ("local", "accumulated"):
+        s = (d.get(side) or {}).get("share")
+        if s is not None:
+            key = (side, d["stage"])
+            worst[key] = max(worst.get(key, 0), s)
+for side in ("local", "accumulated"):
+    print("  " + side + " share, max per stage: " +
+          ", ".join(f"{st} {v:.3g}" for (sd, st), v in sorted(worst.items()) if sd == side))
+PY
+    cp "$LOG_DIR/$model-pos$pos/report.txt" "$LOG_DIR/$model-pos$pos-report.txt"
+    rm -rf "$LOG_DIR/$model-pos$pos"
+  done
 }
 
 step_20b() {
@@ -88,21 +143,24 @@ step_20b() {
     logged 20b "$bin/parity-synth" --preset 20b --out "$MODELS_DIR/20b"
     du -sh "$MODELS_DIR/20b" | tee -a "$LOG_DIR/20b.log"
   fi
-  # Position 0, then a position past the sliding window (128) after the documented prefix.
-  for pos in 0 130; do
-    # exit 1 (diverged) is a result to record, not a script failure
-    set +e
-    "$bin/parity-trace" --model 20b --models-dir "$MODELS_DIR" --token 0 --pos "$pos" --candidate hip \
-      --profile fp32 --out "$LOG_DIR/20b-pos$pos" >>"$LOG_DIR/20b.log" 2>&1
-    local rc=$?
-    set -e
-    echo "20b pos $pos: parity-trace exit $rc" | tee -a "$LOG_DIR/20b.log"
-    [ $rc -ge 2 ] && { tail -n 40 "$LOG_DIR/20b.log"; return 1; }
-    cp "$LOG_DIR/20b-pos$pos/report.txt" "$LOG_DIR/20b-pos$pos-report.txt"
-    cp "$LOG_DIR/20b-pos$pos/report.json" "$LOG_DIR/20b-pos$pos-report.json"
-    rm -rf "$LOG_DIR/20b-pos$pos"
+  trace_20b 20b 0 200 1000 2049
+}
+
+step_20b-real() {
+  if [ ! -f "$MODELS_DIR/20b-real/config.json" ]; then
+    logged 20b-real "$bin/parity-synth" --preset 20b --magnitudes realistic --out "$MODELS_DIR/20b-real"
+  fi
+  trace_20b 20b-real 0 200
+}
+
+# What replay costs: the same trace with and without it, on the tiny and the 20b model.
+step_replay-cost() {
+  for flag in "" --no-replay; do
+    logged replay-cost "$bin/parity-trace" --model 20b --models-dir "$MODELS_DIR" --token 0 --pos 64 \
+      --candidate hip $flag --out "$LOG_DIR/replay-cost"
+    grep -E "^timing" "$LOG_DIR/replay-cost/report.txt" | sed "s/^/  ${flag:-replay}: /" | tee -a "$LOG_DIR/replay-cost.log"
+    rm -rf "$LOG_DIR/replay-cost"
   done
-  grep -E "^hip backend|^  |^(PASS|DIVERGED)|^timing|^first|exit" "$LOG_DIR/20b.log" | tail -n 40
 }
 
 step_bench() {
@@ -114,7 +172,7 @@ step_bench() {
 
 for s in "${steps[@]}"; do
   case "$s" in
-    build | tests | sanitize | tiny | 20b | bench) "step_$s" ;;
-    *) echo "unknown step $s (build tests sanitize tiny 20b bench)"; exit 2 ;;
+    build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench) "step_$s" ;;
+    *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench)"; exit 2 ;;
   esac
 done

@@ -107,6 +107,13 @@ void expect_error(F&& body, std::initializer_list<std::string> parts) {
   }
 }
 
+// The per-element bound atol + rtol |b| of a fixed tolerance.
+std::vector<double> abs_rel(const StageData& b, double atol, double rtol) {
+  std::vector<double> v(b.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = atol + rtol * std::fabs(b.at(i));
+  return v;
+}
+
 const DatasetDiff& dataset(const DiffResult& r, const std::string& path) {
   for (const auto& d : r.datasets)
     if (d.path == path) return d;
@@ -119,7 +126,7 @@ TEST(CompareValues, HandComputedMetrics) {
   // a = candidate, b = reference. Differences 0, 0.5, 0, 1; relative 0, 1, 0, 0.1.
   const StageData a = f64({1.0, 1.0, 3.0, 11.0});
   const StageData b = f64({1.0, 0.5, 3.0, 10.0});
-  const ValueComparison v = compare_values(a, b, {0.1, 0.01}, 10);
+  const ValueComparison v = compare_values(a, b, abs_rel(b, 0.1, 0.01), 10);
   EXPECT_EQ(v.elements, 4u);
   EXPECT_DOUBLE_EQ(v.max_abs_err, 1.0);
   EXPECT_EQ(v.max_abs_index, 3u);
@@ -127,7 +134,7 @@ TEST(CompareValues, HandComputedMetrics) {
   EXPECT_EQ(v.max_rel_index, 1u);
   // Bounds 0.11, 0.105, 0.13, 0.2: elements 1 and 3 fail, using 0.5/0.105 and 1/0.2.
   EXPECT_EQ(v.mismatches, 2u);
-  EXPECT_DOUBLE_EQ(v.tolerance_used, 5.0);
+  EXPECT_DOUBLE_EQ(v.share, 5.0);
   EXPECT_EQ(v.nonfinite_mismatches, 0u);
   ASSERT_TRUE(v.first_mismatch);
   EXPECT_EQ(v.first_mismatch->index, 1u);
@@ -140,26 +147,26 @@ TEST(CompareValues, HandComputedMetrics) {
   EXPECT_NEAR(v.nmse, 1.25 / 110.25, 1e-15);
   EXPECT_GT(v.max_ulp, 0u);
 
-  const ValueComparison listed_one = compare_values(a, b, {0.1, 0.01}, 1);
+  const ValueComparison listed_one = compare_values(a, b, abs_rel(b, 0.1, 0.01), 1);
   EXPECT_EQ(listed_one.mismatches, 2u);
   EXPECT_EQ(listed_one.listed.size(), 1u);
 }
 
 TEST(CompareValues, IdenticalAndZeroRows) {
-  const ValueComparison same = compare_values(f64({1, -2, 3}), f32({1, -2, 3}), {0, 0}, 10);
+  const ValueComparison same = compare_values(f64({1, -2, 3}), f32({1, -2, 3}), abs_rel(f32({1, -2, 3}), 0, 0), 10);
   EXPECT_EQ(same.mismatches, 0u);
   EXPECT_EQ(same.max_abs_err, 0.0);
   EXPECT_EQ(same.max_ulp, 0u);
   EXPECT_DOUBLE_EQ(same.cosine, 1.0);
   EXPECT_EQ(same.nmse, 0.0);
-  EXPECT_EQ(same.tolerance_used, 0.0);
+  EXPECT_EQ(same.share, 0.0);
 
-  const ValueComparison zeros = compare_values(f64({0, 0}), f64({0, 0}), {1e-5, 1e-4}, 10);
+  const ValueComparison zeros = compare_values(f64({0, 0}), f64({0, 0}), abs_rel(f64({0, 0}), 1e-5, 1e-4), 10);
   EXPECT_DOUBLE_EQ(zeros.cosine, 1.0);
   EXPECT_EQ(zeros.nmse, 0.0);
 
   // Reference all zero, candidate not: cosine 0, NMSE and relative error infinite.
-  const ValueComparison off = compare_values(f64({1e-3, 0}), f64({0, 0}), {1e-2, 0}, 10);
+  const ValueComparison off = compare_values(f64({1e-3, 0}), f64({0, 0}), abs_rel(f64({0, 0}), 1e-2, 0), 10);
   EXPECT_EQ(off.mismatches, 0u);  // within atol
   EXPECT_EQ(off.cosine, 0.0);
   EXPECT_TRUE(std::isinf(off.nmse));
@@ -177,18 +184,18 @@ TEST(CompareValues, UlpDistanceInFloat32) {
   EXPECT_EQ(ulp_distance(0.0f, -0.0f), 0u);
   const float tiny = std::numeric_limits<float>::denorm_min();
   EXPECT_EQ(ulp_distance(-tiny, tiny), 2u);
-  const ValueComparison v = compare_values(f64({1.0, 2.0}), f32({double(next2), 2.0}), {1, 0}, 10);
+  const ValueComparison v = compare_values(f64({1.0, 2.0}), f32({double(next2), 2.0}), abs_rel(f32({double(next2), 2.0}), 1, 0), 10);
   EXPECT_EQ(v.max_ulp, 2u);
   // Non-finite pairs are skipped for ULP.
-  const ValueComparison inf = compare_values(f64({-kInf, 1.0}), f64({-kInf, 1.0}), {0, 0}, 10);
+  const ValueComparison inf = compare_values(f64({-kInf, 1.0}), f64({-kInf, 1.0}), abs_rel(f64({-kInf, 1.0}), 0, 0), 10);
   EXPECT_EQ(inf.max_ulp, 0u);
 }
 
 TEST(CompareValues, NanAgainstANumberAlwaysFails) {
-  const ValueComparison v = compare_values(f64({1.0, kNaN}), f64({1.0, 2.0}), {1e9, 1e9}, 10);
+  const ValueComparison v = compare_values(f64({1.0, kNaN}), f64({1.0, 2.0}), abs_rel(f64({1.0, 2.0}), 1e9, 1e9), 10);
   EXPECT_EQ(v.mismatches, 1u);
   EXPECT_EQ(v.nonfinite_mismatches, 1u);
-  EXPECT_TRUE(std::isinf(v.tolerance_used));
+  EXPECT_TRUE(std::isinf(v.share));
   ASSERT_TRUE(v.first_mismatch);
   EXPECT_EQ(v.first_mismatch->index, 1u);
   EXPECT_TRUE(std::isnan(v.first_mismatch->a));
@@ -196,18 +203,18 @@ TEST(CompareValues, NanAgainstANumberAlwaysFails) {
   EXPECT_EQ(v.max_abs_err, 0.0);
   EXPECT_DOUBLE_EQ(v.cosine, 1.0);
 
-  EXPECT_EQ(compare_values(f64({kNaN}), f64({kNaN}), {1, 1}, 10).mismatches, 1u);
-  EXPECT_EQ(compare_values(f64({kInf}), f64({1.0}), {1e9, 1e9}, 10).nonfinite_mismatches, 1u);
-  EXPECT_EQ(compare_values(f64({kInf}), f64({-kInf}), {1e9, 1e9}, 10).mismatches, 1u);
+  EXPECT_EQ(compare_values(f64({kNaN}), f64({kNaN}), abs_rel(f64({kNaN}), 1, 1), 10).mismatches, 1u);
+  EXPECT_EQ(compare_values(f64({kInf}), f64({1.0}), abs_rel(f64({1.0}), 1e9, 1e9), 10).nonfinite_mismatches, 1u);
+  EXPECT_EQ(compare_values(f64({kInf}), f64({-kInf}), abs_rel(f64({-kInf}), 1e9, 1e9), 10).mismatches, 1u);
 }
 
 TEST(CompareValues, MaskedMinusInfinityOnBothSidesPasses) {
   const ValueComparison v =
-      compare_values(f32({0.5, -kInf, 0.25}), f64({0.5, -kInf, 0.25}), {1e-5, 1e-4}, 10);
+      compare_values(f32({0.5, -kInf, 0.25}), f64({0.5, -kInf, 0.25}), abs_rel(f64({0.5, -kInf, 0.25}), 1e-5, 1e-4), 10);
   EXPECT_EQ(v.mismatches, 0u);
   EXPECT_EQ(v.nonfinite_mismatches, 0u);
-  EXPECT_EQ(v.tolerance_used, 0.0);
-  EXPECT_EQ(compare_values(f32({-kInf}), f64({-1e30}), {1e-5, 1e-4}, 10).mismatches, 1u);
+  EXPECT_EQ(v.share, 0.0);
+  EXPECT_EQ(compare_values(f32({-kInf}), f64({-1e30}), abs_rel(f64({-1e30}), 1e-5, 1e-4), 10).mismatches, 1u);
 }
 
 // ---- profiles ------------------------------------------------------------------------------
@@ -253,7 +260,7 @@ class DiffTraces : public ::testing::Test {
     write_trace(a_path, c, meta_for(c, "cpu-f32"), a_rows);
     write_trace(b_path, c, meta_for(c, "reference"), b_rows);
     const TraceReader a(a_path), b(b_path);
-    return diff_traces(a, b, tol);
+    return diff_traces(a, b, Criterion::fixed(tol));
   }
 };
 
@@ -335,14 +342,20 @@ TEST_F(DiffTraces, RoutingFlipReportsTheReferenceMargin) {
   const DiffResult r = diff(
       {{0, 1, Stage::router, f32({0.5, 2.0, 1.0, 1.9})}, {0, 1, Stage::topk_idx, i32({1, 2})}},
       {{0, 1, Stage::router, router}, {0, 1, Stage::topk_idx, i32({1, 3})}});
+  // No replay datasets: judged by the accumulated decision, which the candidate's router
+  // logits (equal to the reference's here) do not explain.
   const DatasetDiff d = dataset(r, "/pos_0/layer_1/topk_idx");
+  EXPECT_EQ(d.judged, Judge::accumulated);
   EXPECT_EQ(d.status, DatasetStatus::Fail);
-  EXPECT_EQ(d.values.mismatches, 1u);
-  ASSERT_TRUE(d.routing);
-  EXPECT_EQ(d.routing->slots, 1u);
-  EXPECT_FALSE(d.routing->same_set);
-  ASSERT_TRUE(d.routing->margin);
-  EXPECT_NEAR(*d.routing->margin, 0.9, 1e-12);
+  ASSERT_TRUE(d.accumulated && d.accumulated->decision);
+  const DecisionDiff& dd = *d.accumulated->decision;
+  EXPECT_EQ(d.accumulated->values.mismatches, 1u);
+  EXPECT_EQ(dd.slots, 1u);
+  EXPECT_FALSE(dd.same_set);
+  EXPECT_FALSE(dd.explained);
+  ASSERT_TRUE(dd.margin);
+  EXPECT_NEAR(*dd.margin, 0.9, 1e-12);
+  EXPECT_NEAR(dd.gap, 0.9, 1e-7);  // expert 2 (1.0) chosen over expert 3 (1.9)
   ASSERT_TRUE(r.first_divergence);
   EXPECT_EQ(r.first_divergence->stage, Stage::topk_idx);
   ASSERT_TRUE(r.first_divergence->element);
@@ -353,20 +366,23 @@ TEST_F(DiffTraces, RoutingFlipReportsTheReferenceMargin) {
   const nlohmann::json j = report_json(r);
   const auto& jd = j["datasets"][1];
   EXPECT_EQ(jd["stage"], "topk_idx");
-  EXPECT_EQ(jd["routing_flip"]["slots"], 1);
-  EXPECT_NEAR(jd["routing_flip"]["margin"].get<double>(), 0.9, 1e-12);
-  EXPECT_TRUE(jd["max_abs_err"].is_null());  // decisions: mismatches only
-  EXPECT_EQ(jd["mismatches"], 1);
+  EXPECT_EQ(jd["accumulated"]["flip"], true);
+  EXPECT_EQ(jd["accumulated"]["drift"], false);
+  EXPECT_NEAR(jd["accumulated"]["margin"].get<double>(), 0.9, 1e-12);
+  EXPECT_FALSE(jd["accumulated"].contains("max_abs_err"));  // decisions: mismatches only
+  EXPECT_EQ(jd["accumulated"]["mismatches"], 1);
   EXPECT_TRUE(j["first_divergence"]["abs_err"].is_null());
   EXPECT_NE(verdict_line(r).find("routing flip"), std::string::npos) << verdict_line(r);
 
   // The same experts in another order is still a flip, reported as such.
-  const DiffResult reordered = diff({{0, 1, Stage::topk_idx, i32({3, 1})}},
+  const DiffResult reordered = diff({{0, 1, Stage::router, f32({0.5, 2.0, 1.0, 1.9})}, {0, 1, Stage::topk_idx, i32({3, 1})}},
                                     {{0, 1, Stage::router, router}, {0, 1, Stage::topk_idx, i32({1, 3})}});
   const DatasetDiff d2 = dataset(reordered, "/pos_0/layer_1/topk_idx");
-  ASSERT_TRUE(d2.routing);
-  EXPECT_EQ(d2.routing->slots, 2u);
-  EXPECT_TRUE(d2.routing->same_set);
+  ASSERT_TRUE(d2.accumulated && d2.accumulated->decision);
+  EXPECT_EQ(d2.accumulated->decision->slots, 2u);
+  EXPECT_TRUE(d2.accumulated->decision->same_set);
+  EXPECT_NE(verdict_line(reordered).find("same experts, another order"), std::string::npos)
+      << verdict_line(reordered);
 }
 
 TEST_F(DiffTraces, ExpertStagesNameTheReferenceExpert) {
@@ -407,19 +423,19 @@ TEST_F(DiffTraces, RefusesTracesOfDifferentModels) {
   const Config other = diff_config(16);
   write_trace(b_path, other, meta_for(other, "reference"),
               {{0, kModelLayer, Stage::embedding, f64(std::vector<double>(16, 1.0))}});
-  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), tolerance_profile("fp32")); },
+  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), Criterion::fixed(tolerance_profile("fp32"))); },
                {a_path, b_path, "different models", "hidden_size"});
 
   TraceMeta other_checkpoint = meta_for(c, "reference");
   other_checkpoint.fingerprint = "fingerprint-2";
   write_trace(b_path, c, other_checkpoint, rows);
-  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), tolerance_profile("fp32")); },
+  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), Criterion::fixed(tolerance_profile("fp32"))); },
                {a_path, b_path, "fingerprint-1", "fingerprint-2"});
 
   TraceMeta other_tokens = meta_for(c, "reference");
   other_tokens.tokens = {1, 3};
   write_trace(b_path, c, other_tokens, rows);
-  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), tolerance_profile("fp32")); },
+  expect_error([&] { (void)diff_traces(TraceReader(a_path), TraceReader(b_path), Criterion::fixed(tolerance_profile("fp32"))); },
                {a_path, b_path, "different tokens", "position 1"});
 }
 
@@ -452,29 +468,34 @@ TEST_F(DiffTraces, ReportsInEveryFormat) {
   EXPECT_EQ(j["verdict"], "diverged");
   EXPECT_EQ(j["a"]["file"], a_path);
   EXPECT_EQ(j["b"]["backend"], "reference");
-  EXPECT_EQ(j["tolerance"]["profile"], "fp32");
+  EXPECT_EQ(j["criterion"]["profile"], "fp32");
+  EXPECT_EQ(j["judged"], "accumulated");
   const auto& f = j["first_divergence"];
   EXPECT_EQ(f["position"], 0);
   EXPECT_EQ(f["layer"], 1);
   EXPECT_EQ(f["stage"], "qkv");
   EXPECT_TRUE(f["expert"].is_null());
-  EXPECT_EQ(f["index"], 3);
-  EXPECT_EQ(f["candidate"], 2.5);
-  EXPECT_EQ(f["reference"], 2.0);
-  EXPECT_EQ(f["abs_err"], 0.5);
-  EXPECT_EQ(f["rel_err"], 0.25);
+  // The element named is the worst one: the NaN (its share of the bound is infinite).
+  EXPECT_EQ(f["index"], 7);
+  EXPECT_TRUE(f["candidate"].is_null());
+  EXPECT_EQ(f["reference"], 4.0);
+  EXPECT_TRUE(f["abs_err"].is_null());
   ASSERT_EQ(j["datasets"].size(), 2u);
   const auto& q = j["datasets"][0];
-  for (const char* field : {"path", "position", "layer", "stage", "status", "elements", "mismatches",
-                            "max_abs_err", "max_abs_index", "max_rel_err", "max_rel_index",
-                            "max_ulp", "cosine", "nmse", "tolerance_used", "nonfinite_mismatches",
-                            "routing_flip"})
+  for (const char* field : {"path", "position", "layer", "stage", "status", "judged", "local",
+                            "accumulated", "amplification"})
     EXPECT_TRUE(q.contains(field)) << field;
+  EXPECT_TRUE(q["local"].is_null()) << "no replay datasets in A";
+  const auto& qa = q["accumulated"];
+  for (const char* field : {"elements", "mismatches", "max_abs_err", "max_abs_index",
+                            "max_rel_err", "max_rel_index", "max_ulp", "cosine", "nmse", "share",
+                            "nonfinite_mismatches", "max_bound"})
+    EXPECT_TRUE(qa.contains(field)) << field;
   EXPECT_EQ(q["status"], "fail");
-  EXPECT_EQ(q["mismatches"], 2);
-  EXPECT_EQ(q["nonfinite_mismatches"], 1);
-  EXPECT_TRUE(q["tolerance_used"].is_null()) << "non-finite numbers are written as null";
-  EXPECT_EQ(q["max_abs_err"], 0.5);
+  EXPECT_EQ(qa["mismatches"], 2);
+  EXPECT_EQ(qa["nonfinite_mismatches"], 1);
+  EXPECT_TRUE(qa["share"].is_null()) << "non-finite numbers are written as null";
+  EXPECT_EQ(qa["max_abs_err"], 0.5);
   EXPECT_TRUE(j["datasets"][1]["layer"].is_null());
   EXPECT_EQ(j["datasets"][1]["status"], "pass");
 
@@ -561,7 +582,7 @@ TEST(ParityDiffTool, ExitCodes) {
   std::ifstream jin(json_out);
   const nlohmann::json j = nlohmann::json::parse(jin);
   EXPECT_EQ(j["verdict"], "diverged");
-  EXPECT_EQ(j["tolerance"]["profile"], "bf16");
+  EXPECT_EQ(j["criterion"]["profile"], "bf16");
   EXPECT_EQ(j["first_divergence"]["index"], 5);
 
   for (const std::string fmt_name : {"junit", "html", "text"}) {

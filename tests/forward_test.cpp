@@ -20,6 +20,7 @@ class RecordingBackend : public Backend {
   explicit RecordingBackend(Config c) : c_(std::move(c)) {}
   std::string name() const override { return "recording"; }
   std::string precision() const override { return "none"; }
+  PrecisionPolicy precision_policy() const override { return PrecisionPolicy::float64(); }
   const Config& config() const override { return c_; }
   void begin_step(const Batch& b) override { batch_ = b; }
   void run(Stage s, int layer) override { calls.emplace_back(layer, s); }
@@ -73,7 +74,7 @@ TEST(Forward, ObserverSeesEveryStageWithItsKey) {
   forward(b, Batch{{1, 2}, {0, 1}, {0, 0}}, &obs);
   ASSERT_EQ(int(obs.keys.size()), 2 * stages_per_position(b.config()));
   EXPECT_EQ(obs.keys.front().stage, Stage::embedding);
-  EXPECT_EQ(obs.keys.back().stage, Stage::logits);
+  EXPECT_EQ(obs.keys.back().stage, Stage::sampled);
   EXPECT_EQ(obs.keys.back().position, 1);
 }
 

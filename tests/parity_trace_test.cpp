@@ -47,26 +47,75 @@ class CandidateTest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(CandidateTest, TinyPassesUnderFp32ProfilePastTwiceTheWindow) {
+TEST_P(CandidateTest, TinyPassesUnderDerivedBoundsPastTwiceTheWindow) {
   const std::string out = test::temp_dir("trace-pass");
   auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " +
-                                              kTokens + " --candidate " + GetParam() +
-                                              " --profile fp32 --out " + out);
+                                              kTokens + " --candidate " + GetParam() + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* f : {"reference.h5", "candidate.h5", "report.txt", "report.json"})
     EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
   auto j = read_json(fs::path(out) / "report.json");
   EXPECT_EQ(j["verdict"], "pass");
   EXPECT_TRUE(j["first_divergence"].is_null());
-  // Every stage of every layer at every position was compared.
-  EXPECT_GE(j["datasets"].size(), size_t(20 * (3 + 19 * 4)));
+  EXPECT_EQ(j["judged"], "local");
+  EXPECT_EQ(j["criterion"]["kind"], "derived");
+  // Every stage of every layer at every position was compared, locally and accumulated.
+  EXPECT_EQ(j["datasets"].size(), size_t(20 * (4 + 19 * 4)));
+  for (const auto& d : j["datasets"]) {
+    ASSERT_FALSE(d["local"].is_null()) << d["path"];
+    ASSERT_FALSE(d["accumulated"].is_null()) << d["path"];
+  }
   EXPECT_EQ(j["candidate_backend"], GetParam());
+}
+
+TEST_P(CandidateTest, TinyPassesUnderTheFixedFp32Profile) {
+  const std::string out = test::temp_dir("trace-fixed");
+  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " +
+                                              kTokens + " --candidate " + GetParam() +
+                                              " --profile fp32 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_json(fs::path(out) / "report.json")["criterion"]["kind"], "fixed");
+}
+
+TEST_P(CandidateTest, GenerationTracesTheSampledTokenAsADecision) {
+  for (const char* mode : {"", " --free-run"}) {
+    const std::string out = test::temp_dir("trace-gen");
+    auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                " --tokens 1,17,300,42,999 --generate 4" + mode +
+                                                " --candidate " + GetParam() + " --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.output;
+    auto j = read_json(fs::path(out) / "report.json");
+    ASSERT_EQ(j["generated"].size(), 4u) << mode;
+    ASSERT_EQ(j["tokens"].size(), 9u) << mode;
+    size_t sampled = 0;
+    for (const auto& d : j["datasets"])
+      if (d["stage"] == "sampled") {
+        ++sampled;
+        EXPECT_EQ(d["status"], "pass") << d.dump();
+      }
+    EXPECT_EQ(sampled, 9u) << mode;  // every position: prompt and generated
+    EXPECT_NE(r.output.find("generated ("), std::string::npos) << r.output;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Candidates, CandidateTest, ::testing::ValuesIn(kCandidates),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return i.param == "cpu-f32" ? std::string("cpu_f32") : i.param;
                          });
+
+TEST(ParityTrace, WithoutReplayTheAccumulatedErrorIsJudgedAndSaidSo) {
+  const std::string out = test::temp_dir("trace-noreplay");
+  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                              " --tokens 1,17,300 --no-replay --candidate cpu-f32 "
+                                              "--out " + out);
+  ASSERT_LE(r.exit_code, 1) << r.output;
+  auto j = read_json(fs::path(out) / "report.json");
+  EXPECT_EQ(j["judged"], "accumulated");
+  EXPECT_FALSE(j["a"]["replay"].get<bool>());
+  std::ifstream in(fs::path(out) / "report.txt");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("A has no replay datasets"), std::string::npos) << text;
+}
 
 TEST(ParityTrace, TokenAtPositionAfterPrefixTracesOnlyThatPosition) {
   const std::string out = test::temp_dir("trace-pos");
@@ -99,7 +148,8 @@ TEST_P(InjectionTest, FirstDivergenceIsExactlyTheInjectedStageAndLayer) {
                                            " --tokens 1,17,300,42,999,5,77,128,256,3 --candidate " +
                                            candidate + " --inject " + spec + " --out " + out);
     ASSERT_EQ(r.exit_code, 1) << spec << "\n" << r.output;
-    auto fd = read_json(fs::path(out) / "report.json")["first_divergence"];
+    const auto j = read_json(fs::path(out) / "report.json");
+    auto fd = j["first_divergence"];
     ASSERT_FALSE(fd.is_null()) << spec;
     EXPECT_EQ(fd["stage"], std::string(name(s))) << spec << "\n" << fd.dump();
     EXPECT_EQ(fd["position"], 0) << spec;
@@ -107,6 +157,24 @@ TEST_P(InjectionTest, FirstDivergenceIsExactlyTheInjectedStageAndLayer) {
       EXPECT_TRUE(fd["layer"].is_null()) << spec;
     else
       EXPECT_EQ(fd["layer"], layer) << spec;
+    // Judged by local error, the injected stage is the only one that fails: no victims.
+    for (const auto& d : j["datasets"])
+      if (d["status"] != "pass") {
+        EXPECT_EQ(d["stage"], std::string(name(s))) << spec << ": " << d["path"];
+        if (!model_scope) {
+          EXPECT_EQ(d["layer"], layer) << spec << ": " << d["path"];
+        }
+      }
+    // One bug, one red JUnit testcase.
+    auto junit = test::run_tool("parity-diff", (fs::path(out) / "candidate.h5").string() + " " +
+                                                   (fs::path(out) / "reference.h5").string() +
+                                                   " --report junit");
+    EXPECT_EQ(junit.exit_code, 1) << junit.output;
+    size_t failures = 0;
+    for (size_t p = junit.output.find("<failure "); p != std::string::npos;
+         p = junit.output.find("<failure ", p + 1))
+      ++failures;
+    EXPECT_EQ(failures, 1u) << spec << "\n" << junit.output.substr(0, 2000);
   }
 }
 
@@ -131,6 +199,10 @@ TEST(ParityTrace, BadInputExitsTwoWithOneLineAndNoOutputFiles) {
       {"--model " + tiny + " --tokens 1 --inject nosuchstage:0", "unknown stage"},
       {"--model " + tiny + " --tokens 1 --inject qkv:99", "out of range"},
       {"--model " + tiny + " --tokens 1 --candidate nosuch", "unknown backend"},
+      {"--model " + tiny + " --token 1 --pos 4090 --generate 10", "past the model's context"},
+      {"--model " + tiny + " --tokens 1 --no-replay --judge local", "--no-replay"},
+      {"--model " + tiny + " --tokens 1 --lambda 0", "--lambda"},
+      {"--model " + tiny + " --tokens 4294967297", "not a token id"},
   };
   for (const auto& c : cases) {
     const std::string out = test::temp_dir("bad");

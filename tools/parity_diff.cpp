@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -44,13 +45,16 @@ void write_report(const std::string& path, const std::string& text) {
 int diff_main(int argc, char** argv) {
   CLI::App app{
       "parity-diff: compare two gpt-oss-parity traces, as h5diff does.\n"
-      "A is the candidate, B the reference: an element differs when |A - B| > atol + rtol*|B|;\n"
-      "a NaN/Inf on one side only always differs; a dataset missing on either side differs.\n"
+      "A is the candidate, B the reference. Each stage is judged by its local error (A's replay "
+      "datasets: the stage re-run on B's inputs) against a per-element bound derived from B's "
+      "values and A's precision; --profile or --atol/--rtol give a fixed |A - B| <= atol + "
+      "rtol*|B| instead. A NaN/Inf on one side only always differs; a dataset missing on either "
+      "side differs.\n"
       "Exit: 0 no differences, 1 differences, 2 error (unreadable or foreign file, different "
       "models)."};
-  std::string a_path, b_path, profile = "fp32", report = "text", output;
+  std::string a_path, b_path, tolerance = "derived", profile, report = "text", output, judge;
   std::vector<std::string> stage_tolerances;
-  double atol = 0, rtol = 0;
+  double atol = 0, rtol = 0, lambda = BoundOptions{}.lambda, safety = 1;
   bool quiet = false;
   int count = 10;
   app.add_option("A", a_path, "candidate trace (.h5)")->required();
@@ -59,12 +63,23 @@ int diff_main(int argc, char** argv) {
   auto* o_rtol = app.add_option("--rtol", rtol, "relative tolerance (with --atol, instead of --profile)");
   o_atol->needs(o_rtol);
   o_rtol->needs(o_atol);
-  app.add_option("--profile", profile, "tolerance profile: " + profile_names())
-      ->capture_default_str()
-      ->excludes(o_atol)
-      ->excludes(o_rtol);
+  auto* o_tol = app.add_option("--tolerance", tolerance,
+                               "derived, or a fixed profile name: " + profile_names())
+                    ->capture_default_str();
+  auto* o_profile = app.add_option("--profile", profile, "a fixed tolerance profile: " + profile_names())
+                        ->excludes(o_atol)
+                        ->excludes(o_rtol)
+                        ->excludes(o_tol);
+  o_tol->excludes(o_atol);
   app.add_option("--stage-tol", stage_tolerances,
-                 "per-stage tolerance STAGE=ATOL,RTOL (repeatable), e.g. logits=1e-4,1e-3");
+                 "per-stage fixed tolerance STAGE=ATOL,RTOL (repeatable, with --profile or "
+                 "--atol/--rtol), e.g. logits=1e-4,1e-3");
+  app.add_option("--lambda", lambda, "probabilistic factor of the derived bounds of sums")
+      ->capture_default_str();
+  app.add_option("--bound-safety", safety, "multiplies every derived bound")->capture_default_str();
+  app.add_option("--judge", judge,
+                 "local (default when A has replay datasets) or accumulated: which error decides")
+      ->check(CLI::IsMember({"local", "accumulated"}));
   app.add_option("--report", report, "report format: text, json, junit, html")
       ->capture_default_str()
       ->check(CLI::IsMember({"text", "json", "junit", "html"}));
@@ -79,18 +94,33 @@ int diff_main(int argc, char** argv) {
     return app.exit(e) == 0 ? kExitOk : kExitError;
   }
 
-  Tolerance tol = o_atol->count() > 0 ? Tolerance::absolute_relative(atol, rtol)
-                                      : tolerance_profile(profile);
-  for (const auto& text : stage_tolerances) {
-    const auto [stage, t] = parse_stage_tolerance(text);
-    tol.set_override(stage, t);
+  Criterion criterion;
+  const bool fixed = o_atol->count() > 0 || o_profile->count() > 0 || tolerance != "derived";
+  if (fixed) {
+    Tolerance tol = o_atol->count() > 0 ? Tolerance::absolute_relative(atol, rtol)
+                                        : tolerance_profile(profile.empty() ? tolerance : profile);
+    for (const auto& text : stage_tolerances) {
+      const auto [stage, t] = parse_stage_tolerance(text);
+      tol.set_override(stage, t);
+    }
+    criterion = Criterion::fixed(tol);
+  } else {
+    if (!stage_tolerances.empty())
+      fail("--stage-tol sets a fixed tolerance: give it with --profile or --atol/--rtol");
+    if (!(std::isfinite(lambda) && lambda > 0)) fail("--lambda {}: must be positive", lambda);
+    if (!(std::isfinite(safety) && safety > 0)) fail("--bound-safety {}: must be positive", safety);
+    BoundOptions bo;
+    bo.lambda = lambda;
+    bo.safety = safety;
+    criterion = Criterion::derived(bo);
   }
+  if (!judge.empty()) criterion.judge = judge == "local" ? Judge::local : Judge::accumulated;
   const ReportFormat format = parse_report_format(report);
 
   const TraceReader a(a_path), b(b_path);
   DiffOptions options;
   options.max_listed = size_t(count);
-  const DiffResult result = diff_traces(a, b, tol, options);
+  const DiffResult result = diff_traces(a, b, criterion, options);
   const TextReportOptions text_options{size_t(count), quiet};
 
   if (!output.empty()) {

@@ -1,14 +1,18 @@
-// parity-trace: run the double reference and a candidate backend over the same stage graph,
-// trace both into HDF5, diff them, and name the first divergence.
+// parity-trace: run the float64 reference and a candidate backend over one stage graph in
+// lockstep, with every candidate stage also replayed on the reference's inputs, trace both into
+// HDF5, diff them, and name the first stage whose own error exceeds its bound.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
 
 #include "model/error.h"
-#include "model/forward.h"
+#include "model/lockstep.h"
 #include "tools/common.h"
 #include "tools/version.h"
 #include "tracer/differ.h"
@@ -35,56 +39,66 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Runs `backend` over tokens in steps of at most `step_rows` rows, tracing `traced` positions.
-void run_backend(Backend& backend, const Model& model, const std::vector<int32_t>& tokens,
-                 const std::set<int>& traced, int step_rows, const Injection* inj,
-                 const std::string& path, const std::string& commit) {
+TraceMeta trace_meta(const Backend& backend, const Model& model, const nlohmann::json& run) {
   TraceMeta meta;
   meta.backend = backend.name();
   meta.precision = backend.precision();
+  meta.precision_policy = backend.precision_policy();
   meta.config = model.config.to_json();
   meta.fingerprint = model.fingerprint;
   meta.model_dir = model.dir;
-  meta.tokens = tokens;
-  for (size_t i = 0; i < tokens.size(); ++i) meta.positions.push_back(int32_t(i));
   meta.tool_version = PARITY_VERSION;
-  meta.commit = commit;
+  meta.commit = PARITY_COMMIT;
   meta.device = backend.facts();
-  if (inj != nullptr) meta.device["injected_fault"] = inj->str();
   meta.created = iso8601_now();
-  TraceWriter writer(path, meta, traced);
-  backend.reset();
-  for (size_t start = 0; start < tokens.size(); start += size_t(step_rows)) {
-    Batch b;
-    for (size_t i = start; i < std::min(tokens.size(), start + size_t(step_rows)); ++i) {
-      b.tokens.push_back(tokens[i]);
-      b.positions.push_back(int32_t(i));
-      b.seqs.push_back(0);
-    }
-    forward(backend, b, &writer, inj);
-  }
-  writer.finish();
+  meta.run = run;
+  return meta;
 }
 
 void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
+  const fs::path tmp = fmt::format("{}.tmp-{}", path.string(), ::getpid());
   {
     std::ofstream out(tmp);
     out << text;
-    if (!out) fail("{}: write failed", tmp.string());
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      fail("{}: write failed", tmp.string());
+    }
   }
   fs::rename(tmp, path);
 }
 
+// Parses a decimal int32 list; every item must be a whole number in int32 range.
+std::vector<int32_t> parse_token_list(const std::string& text) {
+  std::vector<int32_t> tokens;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::out_of_range(item);
+      tokens.push_back(int32_t(v));
+    } catch (const std::exception&) {
+      fail("--tokens: \"{}\" is not a token id", item.substr(0, 40));
+    }
+  }
+  return tokens;
+}
+
 int trace_main(int argc, char** argv) {
   CLI::App app{
-      "parity-trace: run the float64 reference and a candidate backend over one stage "
-      "graph, trace both into HDF5 and name the first divergence.\n"
-      "Exit: 0 within tolerance, 1 diverged, 2 error."};
-  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, profile = "fp32",
-              out;
-  int token = -1, pos = -1, step_rows = 64;
-  double atol = -1, rtol = -1;
+      "parity-trace: run the float64 reference and a candidate backend over one stage graph in "
+      "lockstep, trace both into HDF5, replay every candidate stage on the reference's inputs, "
+      "and name the first stage whose own (local) error exceeds its derived bound.\n"
+      "Exit: 0 within the bounds, 1 diverged, 2 error."};
+  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, tolerance = "derived",
+              profile, judge, out;
+  int token = -1, pos = -1, step_rows = 64, generate = 0;
+  double atol = -1, rtol = -1, lambda = BoundOptions{}.lambda, safety = 1;
+  bool no_replay = false, free_run = false;
   app.add_option("--model", model, "checkpoint directory, or preset tiny|20b|120b")
       ->capture_default_str();
   app.add_option("--models-dir", models_dir,
@@ -103,15 +117,37 @@ int trace_main(int argc, char** argv) {
   app.add_option("--inject", inject_text,
                  "fault injection on the candidate: STAGE:LAYER[:add|nan|zero], or STAGE[:MODE] at "
                  "model scope");
+  app.add_option("--generate", generate,
+                 "after the prompt, N greedy decode steps on both sides; the sampled token is a "
+                 "traced decision")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--free-run", free_run,
+               "generated tokens follow the candidate's argmax (default: the reference's); both "
+               "sides always see the same tokens");
+  app.add_flag("--no-replay", no_replay,
+               "do not replay the candidate's stages on the reference's inputs (then only the "
+               "accumulated error is known, and drift can look like divergence)");
+  auto* o_tol = app.add_option("--tolerance", tolerance,
+                               "derived (per-element bounds from the reference and the candidate's "
+                               "precision) or a profile name: " + profile_names())
+                    ->capture_default_str();
+  auto* o_profile =
+      app.add_option("--profile", profile, "a fixed tolerance profile: " + profile_names());
   auto* o_atol =
-      app.add_option("--atol", atol, "absolute tolerance (with --rtol; overrides the profile)");
-  auto* o_rtol = app.add_option("--rtol", rtol, "relative tolerance (with --atol)");
+      app.add_option("--atol", atol, "fixed absolute tolerance (with --rtol; replaces the bounds)");
+  auto* o_rtol = app.add_option("--rtol", rtol, "fixed relative tolerance (with --atol)");
   o_atol->needs(o_rtol);
   o_rtol->needs(o_atol);
-  app.add_option("--profile", profile, "tolerance profile: fp32, bf16, mxfp4")
+  o_profile->excludes(o_atol)->excludes(o_tol);
+  o_tol->excludes(o_atol);
+  app.add_option("--lambda", lambda, "probabilistic factor of the derived bounds of sums")
       ->capture_default_str();
-  app.add_option("--step", step_rows, "rows per forward step (prefill batch size)")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--bound-safety", safety, "multiplies every derived bound")->capture_default_str();
+  app.add_option("--judge", judge,
+                 "local (default with replay) or accumulated: which error decides")
+      ->check(CLI::IsMember({"local", "accumulated"}));
+  app.add_option("--step", step_rows, "prompt rows per forward step (prefill batch size)")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--out", out,
                  "output directory for reference.h5, candidate.h5, report.txt, report.json")
@@ -121,8 +157,29 @@ int trace_main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitError;
   }
-  if (tokens_text.empty() && token < 0) fail("give --tokens t0,t1,... or --token T --pos P");
+  if (tokens_text.empty() && token < 0 && o_token->count() == 0)
+    fail("give --tokens t0,t1,... or --token T --pos P");
   if (candidate.empty()) candidate = default_candidate();
+
+  // The criterion, checked before any work.
+  Criterion criterion;
+  if (o_atol->count() > 0) {
+    criterion = Criterion::fixed(Tolerance::absolute_relative(atol, rtol));
+  } else if (!profile.empty()) {
+    criterion = Criterion::fixed(tolerance_profile(profile));
+  } else if (tolerance != "derived") {
+    criterion = Criterion::fixed(tolerance_profile(tolerance));
+  } else {
+    if (!(std::isfinite(lambda) && lambda > 0)) fail("--lambda {}: must be positive", lambda);
+    if (!(std::isfinite(safety) && safety > 0)) fail("--bound-safety {}: must be positive", safety);
+    BoundOptions bo;
+    bo.lambda = lambda;
+    bo.safety = safety;
+    criterion = Criterion::derived(bo);
+  }
+  if (!judge.empty()) criterion.judge = judge == "local" ? Judge::local : Judge::accumulated;
+  if (criterion.judge == Judge::local && no_replay)
+    fail("--judge local needs the replay that --no-replay turns off");
 
   std::vector<Phase> phases;
   auto t0 = std::chrono::steady_clock::now();
@@ -130,46 +187,35 @@ int trace_main(int argc, char** argv) {
   const Config& c = m->config;
   phases.push_back({"load", since(t0)});
 
-  std::vector<int32_t> tokens;
-  std::set<int> traced;
+  LockstepOptions lo;
   if (!tokens_text.empty()) {
-    std::stringstream ss(tokens_text);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      try {
-        size_t used = 0;
-        const long v = std::stol(item, &used);
-        if (used != item.size()) throw std::invalid_argument(item);
-        tokens.push_back(int32_t(v));
-      } catch (const std::exception&) {
-        fail("--tokens: \"{}\" is not a token id", item);
-      }
-    }
-    for (size_t i = 0; i < tokens.size(); ++i) traced.insert(int(i));
+    lo.prompt = parse_token_list(tokens_text);
+    if (lo.prompt.empty()) fail("--tokens: no tokens given");
+    for (size_t i = 0; i < lo.prompt.size(); ++i) lo.traced.insert(int(i));
   } else {
     if (pos < 0) fail("--pos {}: positions start at 0", pos);
-    for (int i = 0; i < pos; ++i) tokens.push_back(prefix_token(i, c.vocab_size));
-    tokens.push_back(token);
-    traced.insert(pos);
+    if (int64_t(pos) >= c.max_position_embeddings)
+      fail("--pos {}: past the context of {} ({} positions)", pos, m->dir,
+           c.max_position_embeddings);
+    for (int i = 0; i < pos; ++i) lo.prompt.push_back(prefix_token(i, c.vocab_size));
+    lo.prompt.push_back(token);
+    lo.traced.insert(pos);
   }
-  if (tokens.empty()) fail("--tokens: no tokens given");
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
-      fail("token id {} at position {} is out of range for {} (vocabulary 0..{})", tokens[i], i,
+  for (size_t i = 0; i < lo.prompt.size(); ++i)
+    if (lo.prompt[i] < 0 || lo.prompt[i] >= c.vocab_size)
+      fail("token id {} at position {} is out of range for {} (vocabulary 0..{})", lo.prompt[i], i,
            m->dir, c.vocab_size - 1);
-  if (int(tokens.size()) > c.max_position_embeddings)
-    fail("position {} is past the context of {} ({} positions)", tokens.size() - 1, m->dir,
+  if (int64_t(lo.prompt.size()) > c.max_position_embeddings)
+    fail("position {} is past the context of {} ({} positions)", lo.prompt.size() - 1, m->dir,
          c.max_position_embeddings);
+  lo.step_rows = step_rows;
+  lo.replay = !no_replay;
+  lo.generate = generate;
+  lo.free_run = free_run;
 
   std::optional<Injection> inj;
   if (!inject_text.empty()) inj = Injection::parse(inject_text, c);
-  Tolerance tol = atol >= 0 ? Tolerance::absolute_relative(atol, rtol) : tolerance_profile(profile);
-
-  fs::create_directories(out);
-  const fs::path ref_path = fs::path(out) / "reference.h5",
-                 cand_path = fs::path(out) / "candidate.h5";
-  // A stale report from an earlier run must never sit beside new traces.
-  for (const char* f : {"report.txt", "report.json"}) fs::remove(fs::path(out) / f);
+  lo.injection = inj ? &*inj : nullptr;
 
   t0 = std::chrono::steady_clock::now();
   auto reference = make_backend("reference", *m);
@@ -177,44 +223,77 @@ int trace_main(int argc, char** argv) {
   t0 = std::chrono::steady_clock::now();
   auto cand = make_backend(candidate, *m);  // the device backend uploads the weights here
   phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
+  check_lockstep(lo, *reference, *cand);
+
+  fs::create_directories(out);
+  const fs::path ref_path = fs::path(out) / "reference.h5",
+                 cand_path = fs::path(out) / "candidate.h5";
+  // A stale report from an earlier run must never sit beside new traces.
+  for (const char* f : {"report.txt", "report.json"}) fs::remove(fs::path(out) / f);
+
+  const nlohmann::json run_facts = {{"replay", lo.replay},
+                                    {"generate", lo.generate},
+                                    {"free_run", lo.free_run},
+                                    {"step_rows", lo.step_rows},
+                                    {"injected_fault", inj ? nlohmann::json(inj->str()) : nlohmann::json(nullptr)}};
+  TraceMeta ref_meta = trace_meta(*reference, *m, run_facts);
+  TraceMeta cand_meta = trace_meta(*cand, *m, run_facts);
+  cand_meta.replay = lo.replay;
+  if (inj) cand_meta.device["injected_fault"] = inj->str();
+  TraceWriter ref_writer(ref_path.string(), ref_meta);
+  TraceWriter cand_writer(cand_path.string(), cand_meta);
+
   t0 = std::chrono::steady_clock::now();
-  run_backend(*reference, *m, tokens, traced, step_rows, nullptr, ref_path.string(), PARITY_COMMIT);
-  phases.push_back({"reference", since(t0)});
-  t0 = std::chrono::steady_clock::now();
-  run_backend(*cand, *m, tokens, traced, step_rows, inj ? &*inj : nullptr, cand_path.string(),
-              PARITY_COMMIT);
-  phases.push_back({"candidate (" + cand->name() + ")", since(t0)});
+  const LockstepResult run = run_lockstep(*reference, *cand, &ref_writer, &cand_writer, lo);
+  const double run_seconds = since(t0);
+  std::vector<int32_t> positions(run.tokens.size());
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
+  ref_writer.set_tokens(run.tokens, positions);
+  cand_writer.set_tokens(run.tokens, positions);
+  ref_writer.finish();
+  cand_writer.finish();
+  phases.push_back({"reference", run.reference_seconds});
+  phases.push_back({"candidate (" + cand->name() + (lo.replay ? ", with replay rows" : "") + ")",
+                    run.candidate_seconds});
+  if (lo.replay) phases.push_back({"replay forcing", run.forcing_seconds});
+  phases.push_back({"tracing", run.tracing_seconds + (run_seconds - run.reference_seconds -
+                                                      run.candidate_seconds - run.forcing_seconds -
+                                                      run.tracing_seconds)});
 
   t0 = std::chrono::steady_clock::now();
   TraceReader a(cand_path.string()), b(ref_path.string());
-  DiffResult result = diff_traces(a, b, tol);
+  DiffResult result = diff_traces(a, b, criterion);
   phases.push_back({"diff", since(t0)});
 
   std::string timing;
   for (const auto& p : phases)
     timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
-  TextReportOptions text_opts;
   std::string facts_line;
   const nlohmann::json facts = cand->facts();
   for (const auto& [key, value] : facts.items())
     facts_line += fmt::format("{}{}={}", facts_line.empty() ? "" : ", ", key,
                               value.is_string() ? value.get<std::string>() : value.dump());
-  write_atomically(fs::path(out) / "report.txt",
-                   report_text(result, text_opts) + "candidate: " + cand->name() +
-                       (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n" +
-                       "timing: " + timing + "\n");
+  std::string generated;
+  for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i)
+    generated += (generated.empty() ? "" : ",") + std::to_string(run.tokens[i]);
+  std::string extra = "candidate: " + cand->name() +
+                      (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n";
+  if (lo.generate > 0)
+    extra += fmt::format("generated ({}): {}\n", lo.free_run ? "the candidate's tokens" : "the reference's tokens", generated);
+  extra += "timing: " + timing + "\n";
+  write_atomically(fs::path(out) / "report.txt", report_text(result) + extra);
   nlohmann::json j = report_json(result);
   j["timing_seconds"] = nlohmann::json::object();
   for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
   j["candidate_backend"] = cand->name();
   j["candidate_facts"] = cand->facts();
+  j["tokens"] = run.tokens;
+  j["generated"] = nlohmann::json::array();
+  for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i) j["generated"].push_back(run.tokens[i]);
   if (inj) j["injected_fault"] = inj->str();
   write_atomically(fs::path(out) / "report.json", j.dump(2) + "\n");
 
-  std::cout << verdict_line(result) << "\n";
-  std::cout << "candidate: " << cand->name() << (facts_line.empty() ? "" : " (" + facts_line + ")")
-            << "\n";
-  std::cout << "timing: " << timing << "\n";
+  std::cout << verdict_line(result) << "\n" << extra;
   std::cout << "traces: " << ref_path.string() << ", " << cand_path.string()
             << "; report: " << (fs::path(out) / "report.txt").string() << "\n";
   return result.diverged() ? kExitDiverged : kExitOk;

@@ -1,5 +1,6 @@
-// The differ: per-dataset error metrics between a candidate and a reference trace, routing
-// decisions for topk_idx, and the first divergence in execution order.
+// The differ: per-dataset local and accumulated errors between a candidate and a reference
+// trace, judged against derived bounds or a fixed tolerance; decisions for topk_idx and
+// sampled; the first divergence in execution order.
 #include "tracer/differ.h"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "model/error.h"
@@ -16,6 +18,9 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// A candidate score this far below its row's maximum has a softmax weight below e^-110,
+// which underflows to 0 in float32 and bfloat16: as masked as -inf.
+constexpr double kMaskedGap = 110;
 
 // Maps a float's bits onto integers that are ordered like the floats (+0 and -0 both to 0).
 int64_t ordered_bits(float f) {
@@ -29,36 +34,10 @@ void note_mismatch(ValueComparison& v, const ElementMismatch& m, size_t max_list
   if (v.listed.size() < max_listed) v.listed.push_back(m);
 }
 
-// topk_idx: slots compared as decisions; metrics are mismatch counts only.
-ValueComparison compare_decisions(const StageData& a, const StageData& b, size_t max_listed) {
-  ValueComparison v;
-  v.elements = a.size();
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double x = a.at(i), y = b.at(i);
-    if (x != y) note_mismatch(v, {i, x, y, kNaN, kNaN}, max_listed);
-  }
-  return v;
-}
-
-std::vector<double> as_doubles(const StageData& d) {
-  std::vector<double> v(d.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = d.at(i);
-  return v;
-}
-
-// Gap between the k-th and (k+1)-th largest reference router logits at (position, layer).
-std::optional<double> routing_margin(const TraceReader& b, int position, int layer, size_t k) {
-  const std::string path = trace_dataset_path(position, layer, Stage::router);
-  if (k == 0 || !b.has(path)) return std::nullopt;
-  std::vector<double> logits = as_doubles(b.read(path));
-  if (logits.size() <= k) return std::nullopt;
-  std::partial_sort(logits.begin(), logits.begin() + std::ptrdiff_t(k + 1), logits.end(),
-                    std::greater<>());
-  return logits[k - 1] - logits[k];
-}
-
 std::string json_value_text(const nlohmann::json& j) {
-  return j.is_null() ? "(absent)" : j.dump();
+  if (j.is_null()) return "(absent)";
+  std::string s = j.dump();
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
 }
 
 // Refuses to compare traces of different models, checkpoints or token sequences.
@@ -112,6 +91,110 @@ int layers_in(const TraceReader& a, const TraceReader& b) {
   return layers;
 }
 
+// B's rows of one position, read once, as the bounds and the decisions read them.
+class TraceBoundSource final : public BoundSource {
+ public:
+  explicit TraceBoundSource(const TraceReader& b) : b_(b) {}
+  void at_position(int position) {
+    if (position == position_) return;
+    position_ = position;
+    outputs_.clear();
+    magnitudes_.clear();
+  }
+  const StageData& output(Stage s, int layer) override {
+    auto it = outputs_.find({s, layer});
+    if (it != outputs_.end()) return it->second;
+    const std::string path = trace_dataset_path(position_, layer, s);
+    if (!b_.has(path)) throw MissingBoundInput{{s, layer}, Series::output};
+    return outputs_.emplace(std::pair{s, layer}, b_.read(path)).first->second;
+  }
+  const StageData* magnitude(Stage s, int layer) override {
+    auto it = magnitudes_.find({s, layer});
+    if (it != magnitudes_.end()) return &it->second;
+    const std::string path = trace_dataset_path(position_, layer, s, Series::magnitude);
+    if (!b_.has(path)) return nullptr;
+    return &magnitudes_.emplace(std::pair{s, layer}, b_.read(path)).first->second;
+  }
+
+ private:
+  const TraceReader& b_;
+  int position_ = -1;
+  std::map<std::pair<Stage, int>, StageData> outputs_, magnitudes_;
+};
+
+// The values a decision stage decides on: the router logits (topk_idx), the logits (sampled).
+StageRef decided_on(Stage s, int layer) {
+  return s == Stage::topk_idx ? StageRef{Stage::router, layer} : StageRef{Stage::logits, kModelLayer};
+}
+
+// Gap between the k-th and (k+1)-th largest of g.
+std::optional<double> margin_of(const StageData& g, size_t k) {
+  if (k == 0 || g.size() <= k) return std::nullopt;
+  std::vector<double> v(g.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = g.at(i);
+  std::partial_sort(v.begin(), v.begin() + std::ptrdiff_t(k + 1), v.end(), std::greater<>());
+  return v[k - 1] - v[k];
+}
+
+// Decisions a (candidate) against b (reference), over the values g the reference decided on:
+// a differing choice is explained when the reference's gap between the two choices is within
+// allowance[a] + allowance[b].
+DecisionDiff compare_decision(const StageData& a, const StageData& b, const StageData& g,
+                              std::span<const double> allowance) {
+  DecisionDiff d;
+  d.margin = margin_of(g, b.size());
+  std::vector<double> sa(a.size()), sb(b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    sa[i] = a.at(i);
+    sb[i] = b.at(i);
+    if (sa[i] == sb[i]) continue;
+    ++d.slots;
+    const double ca = sa[i], cb = sb[i];
+    const bool valid = ca >= 0 && ca < double(g.size()) && cb >= 0 && cb < double(g.size());
+    const double gap = valid ? std::fabs(g.at(size_t(ca)) - g.at(size_t(cb))) : kInf;
+    const double allow = valid ? allowance[size_t(ca)] + allowance[size_t(cb)] : 0.0;
+    if (!(gap <= allow)) d.explained = false;
+    if (d.slots == 1 || gap - allow > d.gap - d.allowance) {
+      d.gap = gap;
+      d.allowance = allow;
+    }
+  }
+  std::sort(sa.begin(), sa.end());
+  std::sort(sb.begin(), sb.end());
+  d.same_set = sa == sb;
+  return d;
+}
+
+ValueComparison list_decisions(const StageData& a, const StageData& b, size_t max_listed) {
+  ValueComparison v;
+  v.elements = v.compared = a.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = a.at(i), y = b.at(i);
+    if (x != y) note_mismatch(v, {i, x, y, kNaN, kNaN, 0}, max_listed);
+  }
+  v.share = v.mismatches > 0 ? kInf : 0;
+  return v;
+}
+
+// Candidate scores that mask with a finite value whose softmax weight underflows count as -inf.
+void normalize_masked(StageData& cand, const StageData& ref) {
+  if (ref.dims.size() != 2) return;
+  const size_t cols = ref.dims[1];
+  for (size_t r = 0; r < ref.dims[0]; ++r) {
+    double m = -kInf;
+    for (size_t j = 0; j < cols; ++j) {
+      const double v = ref.at(r * cols + j);
+      if (std::isfinite(v)) m = std::max(m, v);
+    }
+    for (size_t j = 0; j < cols; ++j) {
+      const size_t i = r * cols + j;
+      const double x = cand.at(i);
+      if (ref.at(i) == -kInf && std::isfinite(x) && x < m - kMaskedGap) cand.set(i, -kInf);
+    }
+  }
+}
+
+
 }  // namespace
 
 std::string_view status_name(DatasetStatus s) {
@@ -125,30 +208,72 @@ std::string_view status_name(DatasetStatus s) {
   return "unknown";
 }
 
+std::string_view judge_name(Judge j) { return j == Judge::local ? "local" : "accumulated"; }
+
+Criterion Criterion::derived(BoundOptions options) {
+  Criterion c;
+  c.kind = Kind::derived;
+  c.bound = options;
+  return c;
+}
+
+Criterion Criterion::fixed(Tolerance t) {
+  Criterion c;
+  c.kind = Kind::fixed;
+  c.tolerance = std::move(t);
+  return c;
+}
+
+std::string Criterion::describe() const {
+  if (kind == Kind::fixed) return tolerance.describe();
+  std::string s = fmt::format("derived bounds (lambda {:g}", bound.lambda);
+  if (bound.safety != 1) s += fmt::format(", safety x{:g}", bound.safety);
+  return s + ")";
+}
+
+nlohmann::json Criterion::to_json() const {
+  if (kind == Kind::fixed) {
+    nlohmann::json j = tolerance.to_json();
+    j["kind"] = "fixed";
+    return j;
+  }
+  return {{"kind", "derived"},
+          {"lambda", bound.lambda},
+          {"angle_ulps", bound.angle_ulps},
+          {"safety", bound.safety}};
+}
+
 uint64_t ulp_distance(float x, float y) {
   const int64_t d = ordered_bits(x) - ordered_bits(y);
   return uint64_t(d < 0 ? -d : d);
 }
 
-ValueComparison compare_values(const StageData& a, const StageData& b, AbsRel tol,
-                               size_t max_listed) {
-  if (a.size() != b.size())
-    fail("compare_values: {} values against {} (the caller must pair equal shapes)", a.size(),
-         b.size());
+ValueComparison compare_values(const StageData& a, const StageData& b,
+                               std::span<const double> bound, size_t max_listed,
+                               std::span<const uint8_t> include) {
+  if (a.size() != b.size() || bound.size() != b.size())
+    fail("compare_values: {} values against {} with {} bounds (the caller must pair equal shapes)",
+         a.size(), b.size(), bound.size());
   ValueComparison v;
   v.elements = a.size();
   double dot = 0, norm_a = 0, norm_b = 0, err2 = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    const double x = a.at(i), y = b.at(i);
+    if (!include.empty() && include[i] == 0) continue;
+    ++v.compared;
+    const double x = a.at(i), y = b.at(i), bnd = bound[i];
+    v.max_bound = std::max(v.max_bound, bnd);
     if (!std::isfinite(x) || !std::isfinite(y)) {
       if (x == y) continue;  // equal infinities, e.g. masked -inf scores on both sides
       ++v.nonfinite_mismatches;
-      v.tolerance_used = kInf;
-      note_mismatch(v, {i, x, y, std::fabs(x - y), kNaN}, max_listed);
+      if (v.share != kInf) {
+        v.share_index = i;
+        v.worst = ElementMismatch{i, x, y, std::fabs(x - y), kNaN, bnd};
+      }
+      v.share = kInf;
+      note_mismatch(v, {i, x, y, std::fabs(x - y), kNaN, bnd}, max_listed);
       continue;
     }
     const double diff = std::fabs(x - y);
-    const double bound = tol.atol + tol.rtol * std::fabs(y);
     const double rel = y != 0 ? diff / std::fabs(y) : (diff == 0 ? 0 : kInf);
     if (diff > v.max_abs_err) {
       v.max_abs_err = diff;
@@ -158,14 +283,19 @@ ValueComparison compare_values(const StageData& a, const StageData& b, AbsRel to
       v.max_rel_err = rel;
       v.max_rel_index = i;
     }
-    v.tolerance_used = std::max(v.tolerance_used, bound > 0 ? diff / bound : (diff == 0 ? 0 : kInf));
+    const double share = bnd > 0 ? diff / bnd : (diff == 0 ? 0 : kInf);
+    if (share > v.share) {
+      v.share = share;
+      v.share_index = i;
+      v.worst = ElementMismatch{i, x, y, diff, rel, bnd};
+    }
     const float fx = float(x), fy = float(y);
     if (std::isfinite(fx) && std::isfinite(fy)) v.max_ulp = std::max(v.max_ulp, ulp_distance(fx, fy));
     dot += x * y;
     norm_a += x * x;
     norm_b += y * y;
     err2 += (x - y) * (x - y);
-    if (diff > bound) note_mismatch(v, {i, x, y, diff, rel}, max_listed);
+    if (diff > bnd) note_mismatch(v, {i, x, y, diff, rel, bnd}, max_listed);
   }
   if (norm_a == 0 && norm_b == 0)
     v.cosine = 1;
@@ -177,12 +307,27 @@ ValueComparison compare_values(const StageData& a, const StageData& b, AbsRel to
   return v;
 }
 
+namespace {
+double side_severity(const SideDiff& s, bool decision) {
+  if (decision) {
+    if (!s.decision || s.decision->slots == 0) return 0;
+    return s.decision->explained ? 0.5 : kInf;
+  }
+  return s.values.share;
+}
+}  // namespace
+
 double DatasetDiff::severity() const {
   if (status == DatasetStatus::MissingInA || status == DatasetStatus::MissingInB ||
       status == DatasetStatus::ShapeMismatch)
     return kInf;
-  if (is_decision()) return values.mismatches > 0 ? kInf : 0;
-  return values.tolerance_used;
+  const SideDiff* s = judged_side();
+  return s == nullptr ? kInf : side_severity(*s, is_decision());
+}
+
+double DatasetDiff::accumulated_severity() const {
+  if (!accumulated) return kInf;
+  return side_severity(*accumulated, is_decision());
 }
 
 size_t DiffResult::failed_datasets() const {
@@ -190,22 +335,31 @@ size_t DiffResult::failed_datasets() const {
                               [](const DatasetDiff& d) { return d.failed(); }));
 }
 
-DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Tolerance& tol,
+DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criterion& criterion,
                        const DiffOptions& options) {
   check_same_model(a, b);
+  const Config config = Config::from_json(b.meta().config, b.path() + " (config)");
   DiffResult result;
   result.a = {a.path(), a.meta().backend, a.meta().precision};
   result.b = {b.path(), b.meta().backend, b.meta().precision};
-  result.tolerance = tol;
+  result.criterion = criterion;
   result.num_layers = layers_in(a, b);
+  result.a_has_replay = a.has_series(Series::replay);
+  result.judged = criterion.judge.value_or(result.a_has_replay ? Judge::local : Judge::accumulated);
+  if (result.judged == Judge::local && !result.a_has_replay)
+    fail("{}: the candidate trace has no replay datasets, so its local errors are unknown (trace "
+         "with replay, or judge the accumulated error)",
+         a.path());
+  result.policy = criterion.policy.value_or(
+      a.meta().precision_policy.value_or(PrecisionPolicy::float32(4)));
+  const bool derived = criterion.kind == Criterion::Kind::derived;
 
-  // Pair by path; the union of both sides, each dataset keyed as the side that has it
-  // (the reference when both do).
+  // Pair by path: the union of both sides' outputs, each keyed as the side that has it (the
+  // reference when both do).
   for (const auto& e : b.entries()) {
     DatasetDiff d;
     d.path = e.path;
     d.key = e.key;
-    if (!a.has(e.path)) d.status = DatasetStatus::MissingInA;
     result.datasets.push_back(std::move(d));
   }
   for (const auto& e : a.entries()) {
@@ -214,6 +368,7 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Toleran
     d.path = e.path;
     d.key = e.key;
     d.status = DatasetStatus::MissingInB;
+    d.missing_path = e.path;
     result.datasets.push_back(std::move(d));
   }
   std::sort(result.datasets.begin(), result.datasets.end(),
@@ -222,57 +377,185 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Toleran
                      std::tie(y.key.position, y.key.order, y.path);
             });
 
-  for (DatasetDiff& d : result.datasets) {
-    const Stage stage = d.key.stage;
-    d.tolerance = tol.for_stage(stage);
+  TraceBoundSource source(b);
+  auto diff_dataset = [&](DatasetDiff& d) {
+    d.judged = result.judged;
+    d.amplification = kNaN;
+    if (d.status == DatasetStatus::MissingInB) return;
+    const StageKey& k = d.key;
+    const Stage stage = k.stage;
+    source.at_position(k.position);
+    const std::string replay_path = trace_dataset_path(k.position, k.layer, stage, Series::replay);
+    const bool has_out = a.has(d.path), has_replay = a.has(replay_path);
     if (is_per_expert(stage)) {
-      const std::string topk = trace_dataset_path(d.key.position, d.key.layer, Stage::topk_idx);
+      const std::string topk = trace_dataset_path(k.position, k.layer, Stage::topk_idx);
       if (b.has(topk)) {
-        const StageData idx = b.read(topk);
+        const StageData& idx = source.output(Stage::topk_idx, k.layer);
         for (size_t i = 0; i < idx.size(); ++i) d.slot_experts.push_back(int32_t(idx.at(i)));
       }
     }
-    if (d.status != DatasetStatus::Pass) continue;  // missing on one side
-    const StageData da = a.read(d.path), db = b.read(d.path);
-    d.dims_a = da.dims;
+    if (!has_out || (d.judged == Judge::local && !has_replay)) {
+      d.status = DatasetStatus::MissingInA;
+      d.missing_path = has_out ? replay_path : d.path;
+      return;
+    }
+    const StageData db = b.read(d.path);
     d.dims_b = db.dims;
-    if (da.dims != db.dims || da.size() != db.size()) {
+    std::optional<StageData> dl, da;
+    if (has_replay) dl = a.read(replay_path);
+    da = a.read(d.path);
+    d.dims_a = (dl ? dl : da)->dims;
+    if (da->dims != db.dims || (dl && dl->dims != db.dims)) {
       d.status = DatasetStatus::ShapeMismatch;
-      continue;
+      if (da->dims != db.dims) d.dims_a = da->dims;
+      return;
     }
+    if (stage == Stage::scores) {
+      if (dl) normalize_masked(*dl, db);
+      normalize_masked(*da, db);
+    }
+
     if (d.is_decision()) {
-      d.values = compare_decisions(da, db, options.max_listed);
-      RoutingFlip flip;
-      flip.slots = d.values.mismatches;
-      auto sa = as_doubles(da), sb = as_doubles(db);
-      std::sort(sa.begin(), sa.end());
-      std::sort(sb.begin(), sb.end());
-      flip.same_set = sa == sb;
-      flip.margin = routing_margin(b, d.key.position, d.key.layer, db.size());
-      d.routing = flip;
+      // The values decided on are needed only to judge a flip (and to report the margin).
+      const StageRef on = decided_on(stage, k.layer);
+      auto differs = [&](const StageData& x) {
+        for (size_t i = 0; i < x.size(); ++i)
+          if (x.at(i) != db.at(i)) return true;
+        return false;
+      };
+      const bool flip = differs(*da) || (dl && differs(*dl));
+      const bool have_g = b.has(trace_dataset_path(k.position, on.layer, on.stage));
+      if (flip && !have_g) throw MissingBoundInput{on, Series::output};
+      StageData none;
+      const StageData& g = have_g ? source.output(on.stage, on.layer) : none;
+      std::vector<double> allowance(g.size(), 0.0);
+      if (flip && derived) {
+        allowance = derive_bound(config, stage, k.layer, k.position, source, result.policy,
+                                 criterion.bound);
+      } else if (flip) {
+        const AbsRel t = criterion.tolerance.for_stage(on.stage);
+        for (size_t i = 0; i < g.size(); ++i) allowance[i] = t.atol + t.rtol * std::fabs(g.at(i));
+      }
+      if (dl) {
+        SideDiff s;
+        s.values = list_decisions(*dl, db, options.max_listed);
+        s.decision = compare_decision(*dl, db, g, allowance);
+        s.failed = s.decision->slots > 0 && !s.decision->explained;
+        d.local = s;
+      }
+      {
+        // The accumulated decision is explained by the candidate's own error of the values it
+        // decided on, as measured.
+        std::vector<double> measured(g.size(), 0.0);
+        const std::string on_path = trace_dataset_path(k.position, on.layer, on.stage);
+        if (flip && a.has(on_path)) {
+          const StageData ga = a.read(on_path);
+          if (ga.size() == g.size())
+            for (size_t i = 0; i < g.size(); ++i) {
+              const double e = std::fabs(ga.at(i) - g.at(i));
+              measured[i] = std::isfinite(e) ? e : 0.0;
+            }
+        }
+        SideDiff s;
+        s.values = list_decisions(*da, db, options.max_listed);
+        s.decision = compare_decision(*da, db, g, measured);
+        s.failed = s.decision->slots > 0 && !s.decision->explained;
+        d.accumulated = s;
+      }
     } else {
-      d.values = compare_values(da, db, d.tolerance, options.max_listed);
+      std::vector<double> bound;
+      if (derived) {
+        bound = derive_bound(config, stage, k.layer, k.position, source, result.policy,
+                             criterion.bound);
+      } else {
+        const AbsRel t = criterion.tolerance.for_stage(stage);
+        bound.resize(db.size());
+        for (size_t i = 0; i < db.size(); ++i) bound[i] = t.atol + t.rtol * std::fabs(db.at(i));
+      }
+      if (bound.size() != db.size())
+        fail("{}: {}: the bound has {} values for {} elements", b.path(), d.path, bound.size(),
+             db.size());
+      if (dl) {
+        SideDiff s;
+        s.values = compare_values(*dl, db, bound, options.max_listed);
+        s.failed = s.values.mismatches > 0;
+        d.local = s;
+      }
+      // Rows of expert slots the free candidate routed elsewhere compare different experts.
+      std::vector<uint8_t> include;
+      if (is_per_expert(stage) && db.dims.size() == 2) {
+        const std::string topk = trace_dataset_path(k.position, k.layer, Stage::topk_idx);
+        if (a.has(topk) && b.has(topk)) {
+          const StageData ia = a.read(topk);
+          const StageData& ib = source.output(Stage::topk_idx, k.layer);
+          include.assign(db.size(), 1);
+          const size_t cols = db.dims[1];
+          for (size_t slot = 0; slot < db.dims[0] && slot < ia.size() && slot < ib.size(); ++slot)
+            if (ia.at(slot) != ib.at(slot)) {
+              ++d.rerouted_slots;
+              std::fill_n(include.begin() + std::ptrdiff_t(slot * cols), cols, uint8_t(0));
+            }
+          if (d.rerouted_slots == 0) include.clear();
+        }
+      }
+      SideDiff s;
+      s.values = compare_values(*da, db, bound, options.max_listed, include);
+      s.failed = s.values.mismatches > 0;
+      d.accumulated = s;
+      if (d.local) {
+        const double l = d.local->values.max_abs_err, acc = d.accumulated->values.max_abs_err;
+        d.amplification = l > 0 ? acc / l : (acc > 0 ? kInf : kNaN);
+      }
     }
-    d.status = d.values.mismatches > 0 ? DatasetStatus::Fail : DatasetStatus::Pass;
+    const SideDiff* judged = d.judged_side();
+    d.status = judged->failed ? DatasetStatus::Fail : DatasetStatus::Pass;
+    if (judged->decision && judged->decision->drift()) ++result.drift_decisions;
+    };
+  for (DatasetDiff& d : result.datasets) {
+    try {
+      diff_dataset(d);
+    } catch (const MissingBoundInput& m) {
+      // The bound or the decision of this dataset needs a reference row B lacks: an explicit
+      // failure line, never a silent pass.
+      d.status = DatasetStatus::MissingInB;
+      d.missing_path = trace_dataset_path(d.key.position, m.ref.layer, m.ref.stage, m.series);
+      d.local.reset();
+      d.accumulated.reset();
+    }
   }
 
   for (const DatasetDiff& d : result.datasets) {
-    if (!d.failed()) continue;
+    if (!result.first_drift_path && d.accumulated && d.accumulated->failed)
+      result.first_drift_path = d.path;
+    if (result.first_divergence || !d.failed()) continue;
     FirstDivergence f;
     f.path = d.path;
     f.position = d.key.position;
     f.layer = d.key.layer;
     f.stage = d.key.stage;
     f.status = d.status;
+    f.judged = d.judged;
+    f.amplification = d.amplification;
     if (d.status == DatasetStatus::Fail) {
-      f.element = d.values.first_mismatch;
+      const SideDiff& s = *d.judged_side();
+      if (d.is_decision()) {
+        f.element = s.values.first_mismatch;
+        f.share = kInf;
+      } else {
+        f.share = s.values.share;
+        f.element = s.values.worst ? s.values.worst : s.values.first_mismatch;
+      }
       if (f.element && is_per_expert(d.key.stage) && d.dims_b.size() == 2 && d.dims_b[1] > 0) {
         const size_t slot = f.element->index / d.dims_b[1];
         if (slot < d.slot_experts.size()) f.expert = d.slot_experts[slot];
       }
+      if (f.element && d.judged == Judge::local && d.accumulated && !d.is_decision()) {
+        const StageData da = a.read(d.path), db = b.read(d.path);
+        if (f.element->index < da.size())
+          f.accumulated_abs_err = std::fabs(da.at(f.element->index) - db.at(f.element->index));
+      }
     }
     result.first_divergence = f;
-    break;
   }
   return result;
 }

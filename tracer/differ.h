@@ -1,11 +1,28 @@
-// The differ: pairs the datasets of a candidate trace (a) and a reference trace (b) by path,
-// walks them in execution order, computes error metrics per dataset, compares index stages
-// (topk_idx) as routing decisions, and names the first divergence.
+// The differ: pairs the datasets of a candidate trace (A) and a reference trace (B) by path,
+// walks them in execution order, and judges each stage by the error that stage itself made.
 //
-// Criterion, per element: |a - b| > atol + rtol * |b|. A pair where one side is NaN or +-Inf
-// and the two are not equal always fails; two equal infinities (masked -inf scores) pass.
-// Metrics (max abs/rel error, ULP, cosine, NMSE, tolerance used) are taken over the pairs where
-// both sides are finite. Datasets present on one side only, or with different shapes, fail.
+// Two errors per dataset:
+//   local        A's replay dataset (the candidate stage run on the reference's inputs,
+//                model/lockstep.h) against B: this stage's own error.
+//   accumulated  A's output dataset (the candidate running free) against B: this stage's error
+//                plus everything it inherited. Reported beside the local error with the
+//                amplification (accumulated / local, max abs), so the reader sees where drift
+//                grows; it decides nothing while a local error exists.
+// The criterion is, per element, |a - b| <= bound: by default the derived bound of the stage
+// (tracer/bounds.h) from B's values and A's precision policy; or a fixed atol + rtol |b| (a named
+// profile, --atol/--rtol). The judged error is the local one when A has replay datasets, else
+// the accumulated one (a trace made without replay; then drift can look like divergence, and
+// the report says so). The first divergence is the first dataset in execution order whose judged
+// error exceeds its criterion: the culprit, not its victims.
+//
+// A pair where one side is NaN or +-Inf and the two are not equal always fails; two equal
+// infinities (masked -inf scores) pass, and a candidate score that masks with a finite value so
+// low that its softmax weight underflows (below the row's maximum minus 110) counts as -inf.
+// Decisions (topk_idx, sampled) are compared as decisions: a flip is drift when the values
+// decided on explain it (the reference's gap between the two choices is within the bound of
+// those values for the local decision, within the candidate's measured error of them for the
+// accumulated one), otherwise a failure; the same experts in another order is named so.
+// Datasets present on one side only, or with different shapes, fail.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -13,6 +30,7 @@
 #include <vector>
 
 #include "model/forward.h"
+#include "tracer/bounds.h"
 #include "tracer/profiles.h"
 #include "tracer/trace_file.h"
 
@@ -22,24 +40,36 @@ enum class DatasetStatus { Pass, Fail, MissingInA, MissingInB, ShapeMismatch };
 // "pass", "fail", "missing_in_a", "missing_in_b", "shape_mismatch"
 std::string_view status_name(DatasetStatus s);
 
+enum class Judge { local, accumulated };
+std::string_view judge_name(Judge j);  // "local", "accumulated"
+
+// How the differ decides.
+struct Criterion {
+  enum class Kind { derived, fixed };
+  Kind kind = Kind::derived;
+  BoundOptions bound;                // Kind::derived
+  Tolerance tolerance;               // Kind::fixed: a profile or explicit --atol/--rtol
+  std::optional<Judge> judge;        // default: local when A has replay datasets
+  std::optional<PrecisionPolicy> policy;  // default: A's, else float32
+  static Criterion derived(BoundOptions options = {});
+  static Criterion fixed(Tolerance t);
+  std::string describe() const;
+  nlohmann::json to_json() const;
+};
+
 // One mismatching element. rel_err is |a - b| / |b| (+inf when b is 0 and a is not; NaN when
-// either side is not finite).
+// either side is not finite); bound is what |a - b| was held to.
 struct ElementMismatch {
   size_t index = 0;  // flat (row-major) index
   double a = 0, b = 0;
   double abs_err = 0, rel_err = 0;
-};
-
-// A topk_idx dataset compared as decisions.
-struct RoutingFlip {
-  size_t slots = 0;               // slots whose expert differs
-  bool same_set = true;           // the same experts were selected, possibly in another order
-  std::optional<double> margin;   // reference router logits: k-th largest minus (k+1)-th
+  double bound = 0;
 };
 
 // Metrics of one pair of rows of equal size, a = candidate, b = reference.
 struct ValueComparison {
   size_t elements = 0;
+  size_t compared = 0;              // elements not excluded (rows of rerouted expert slots)
   size_t mismatches = 0;
   size_t nonfinite_mismatches = 0;  // one side NaN/Inf and the two not equal
   double max_abs_err = 0;
@@ -49,33 +79,66 @@ struct ValueComparison {
   uint64_t max_ulp = 0;  // float32 units in the last place, over pairs finite in float32
   double cosine = 1;     // over the finite pairs; 1 when both are all zero
   double nmse = 0;       // sum (a-b)^2 / sum b^2; +inf when b is all zero and a is not
-  double tolerance_used = 0;  // max |a-b| / (atol + rtol |b|); +inf with a non-finite mismatch
+  double share = 0;      // max |a-b| / bound: the share of the criterion used; +inf on NaN/Inf
+  size_t share_index = 0;
+  double max_bound = 0;  // the largest per-element bound
+  std::optional<ElementMismatch> worst;  // the element of the largest share
   std::optional<ElementMismatch> first_mismatch;
   std::vector<ElementMismatch> listed;  // the first `max_listed` mismatches, in index order
 };
-ValueComparison compare_values(const StageData& a, const StageData& b, AbsRel tol,
-                               size_t max_listed);
+// `bound` holds one value per element; elements whose `include` is 0 are skipped (empty: all).
+ValueComparison compare_values(const StageData& a, const StageData& b,
+                               std::span<const double> bound, size_t max_listed,
+                               std::span<const uint8_t> include = {});
 
 // Distance between float(x) and float(y) in float32 ULPs (0 for +0 and -0). Both must be finite
 // in float32.
 uint64_t ulp_distance(float x, float y);
 
+// A decision stage (topk_idx, sampled) compared as decisions.
+struct DecisionDiff {
+  size_t slots = 0;               // slots whose choice differs
+  bool same_set = true;           // topk_idx: the same experts, possibly in another order
+  bool explained = true;          // every differing choice is within what the values allow
+  std::optional<double> margin;   // reference: k-th minus (k+1)-th value (router logits, logits)
+  // The worst differing slot: the reference's gap between the two choices and what explains it.
+  double gap = 0, allowance = 0;
+  bool drift() const { return slots > 0 && explained; }
+};
+
+// One side (local or accumulated) of one dataset against the reference.
+struct SideDiff {
+  ValueComparison values;
+  std::optional<DecisionDiff> decision;
+  bool failed = false;
+};
+
 struct DatasetDiff {
   std::string path;
   StageKey key;  // from the reference when both sides have the dataset
   DatasetStatus status = DatasetStatus::Pass;
+  std::string missing_path;  // the dataset that is missing, for Missing* statuses
   std::vector<size_t> dims_a, dims_b;
-  AbsRel tolerance;
-  ValueComparison values;             // for status Pass/Fail
-  std::optional<RoutingFlip> routing;  // topk_idx only
+  Judge judged = Judge::local;
+  std::optional<SideDiff> local;        // A has its replay dataset
+  std::optional<SideDiff> accumulated;  // A has its output dataset
   // Expert stages (mlp1, swiglu, mlp2): the reference's expert id per row (slot of topk_idx);
   // empty when the reference has no topk_idx for this position and layer.
   std::vector<int32_t> slot_experts;
+  size_t rerouted_slots = 0;  // accumulated: rows whose expert differs from the reference's
+  double amplification = 0;   // accumulated max abs err / local max abs err; NaN if undefined
 
   bool failed() const { return status != DatasetStatus::Pass; }
-  bool is_decision() const { return info(key.stage).kind == ValueKind::Index; }
-  // Comparable badness for heatmaps: tolerance used, +inf for missing, shape or routing failures.
+  bool is_decision() const { return parity::is_decision(key.stage); }
+  // The side that decides; null when A lacks it (then the status says what is missing).
+  const SideDiff* judged_side() const {
+    const std::optional<SideDiff>& s = judged == Judge::local ? local : accumulated;
+    return s ? &*s : nullptr;
+  }
+  // Comparable badness for heatmaps: the judged share, +inf for missing, shape or failed
+  // decisions.
   double severity() const;
+  double accumulated_severity() const;
 };
 
 struct FirstDivergence {
@@ -84,8 +147,12 @@ struct FirstDivergence {
   int layer = kModelLayer;
   Stage stage = Stage::embedding;
   DatasetStatus status = DatasetStatus::Fail;
+  Judge judged = Judge::local;
   std::optional<int32_t> expert;           // expert stages: reference expert id of the row
   std::optional<ElementMismatch> element;  // absent for missing or shape-mismatched datasets
+  double share = 0;                        // judged error / bound at the worst element
+  std::optional<double> accumulated_abs_err;  // at the same element, when A has it
+  double amplification = 0;
 };
 
 struct TraceSide {
@@ -96,10 +163,16 @@ struct TraceSide {
 
 struct DiffResult {
   TraceSide a, b;  // a = candidate, b = reference
-  Tolerance tolerance;
+  Criterion criterion;
+  Judge judged = Judge::local;
+  bool a_has_replay = false;
+  PrecisionPolicy policy;             // the candidate's, as the bounds used it
   int num_layers = 0;                 // from the traces' config
   std::vector<DatasetDiff> datasets;  // in (position, order) order
   std::optional<FirstDivergence> first_divergence;
+  // Where the accumulated error first exceeds the criterion (drift), whatever decides.
+  std::optional<std::string> first_drift_path;
+  size_t drift_decisions = 0;  // decision flips explained by the values (not failures)
 
   bool diverged() const { return first_divergence.has_value(); }
   size_t failed_datasets() const;
@@ -110,8 +183,9 @@ struct DiffOptions {
 };
 
 // Throws parity::Error naming both files when the traces are of different models (config or
-// checkpoint fingerprint differ) or of different tokens at the same position.
-DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Tolerance& tol,
+// checkpoint fingerprint differ) or of different tokens at the same position, or when a derived
+// bound needs reference data B lacks.
+DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criterion& criterion,
                        const DiffOptions& options = {});
 
 }  // namespace parity

@@ -63,32 +63,52 @@ std::string side_text(const TraceSide& s) {
 }
 
 std::string margin_text(const std::optional<double>& margin) {
-  return margin ? num(*margin) : "unknown (no reference router dataset)";
+  return margin ? num(*margin) : "unknown";
+}
+
+std::string share_text(double share) {
+  if (std::isinf(share)) return "inf";
+  return fmt::format("{:.3g}", share);
+}
+
+// What a decision difference is, in words.
+std::string decision_text(Stage s, const DecisionDiff& d, size_t elements) {
+  const bool topk = s == Stage::topk_idx;
+  std::string kind = topk ? (d.same_set ? "same experts, another order" : "different experts")
+                          : "another token";
+  return fmt::format("{} {} of {} {} differ ({}); reference margin {} ({}); the widest gap {} "
+                     "against {} allowed: {}",
+                     topk ? "routing flip:" : "sampling flip:", d.slots, elements,
+                     topk ? "slots" : "choices", kind, margin_text(d.margin),
+                     topk ? "k-th minus (k+1)-th router logit" : "top-1 minus top-2 logit",
+                     num(d.gap), num(d.allowance),
+                     d.explained ? "drift (the values decided on explain it)" : "a wrong decision");
 }
 
 // One line on what is wrong with a failing dataset (JUnit messages, HTML lists).
 std::string failure_summary(const DiffResult& r, const DatasetDiff& d) {
   switch (d.status) {
-    case DatasetStatus::MissingInA: return fmt::format("{}: missing in A ({})", d.path, r.a.file);
-    case DatasetStatus::MissingInB: return fmt::format("{}: missing in B ({})", d.path, r.b.file);
+    case DatasetStatus::MissingInA:
+      return fmt::format("{}: missing in A ({})", d.missing_path, r.a.file);
+    case DatasetStatus::MissingInB:
+      return fmt::format("{}: missing in B ({})", d.missing_path, r.b.file);
     case DatasetStatus::ShapeMismatch:
       return fmt::format("{}: shape {} in A but {} in B", d.path, dims_text(d.dims_a),
                          dims_text(d.dims_b));
-    case DatasetStatus::Pass: return fmt::format("{}: within tolerance", d.path);
+    case DatasetStatus::Pass: return fmt::format("{}: within the criterion", d.path);
     case DatasetStatus::Fail: break;
   }
-  const ValueComparison& v = d.values;
-  if (d.is_decision())
-    return fmt::format("{}: routing flip in {} of {} slots ({}; reference margin {})", d.path,
-                       v.mismatches, v.elements,
-                       d.routing && d.routing->same_set ? "same experts, another order"
-                                                        : "different experts",
-                       margin_text(d.routing ? d.routing->margin : std::nullopt));
-  std::string s = fmt::format("{}: {} of {} elements differ (max abs err {} at {}, max rel err {} at {}",
-                              d.path, v.mismatches, v.elements, num(v.max_abs_err),
-                              v.max_abs_index, num(v.max_rel_err), v.max_rel_index);
+  const SideDiff& side = *d.judged_side();
+  const ValueComparison& v = side.values;
+  if (side.decision)
+    return fmt::format("{}: {} ({})", d.path, decision_text(d.key.stage, *side.decision, v.elements),
+                       judge_name(d.judged));
+  std::string s = fmt::format("{}: {} error exceeds the bound at {} of {} elements (worst {}x the "
+                              "bound at {}; max abs err {})",
+                              d.path, judge_name(d.judged), v.mismatches, v.compared,
+                              share_text(v.share), v.share_index, num(v.max_abs_err));
   if (v.nonfinite_mismatches > 0) s += fmt::format(", {} NaN/Inf mismatches", v.nonfinite_mismatches);
-  return s + ")";
+  return s;
 }
 
 // A table line without the padding of its last column.
@@ -117,6 +137,29 @@ std::string xml_escape(std::string_view s) {
   return out;
 }
 
+std::string judged_text(const DiffResult& r) {
+  if (r.judged == Judge::local)
+    return "judged by local error: each candidate stage re-run on the reference's inputs (replay)";
+  if (!r.a_has_replay)
+    return "judged by accumulated error: A has no replay datasets, so drift inherited from "
+           "earlier stages counts as this stage's error (trace with replay for a verdict by "
+           "local error)";
+  return "judged by accumulated error (asked for)";
+}
+
+// The largest judged share over the datasets of computing stages (copies use their whole
+// rounding bound by design), and where.
+const DatasetDiff* worst_dataset(const DiffResult& r) {
+  const DatasetDiff* worst = nullptr;
+  for (const auto& d : r.datasets) {
+    if (d.failed() || d.is_decision() || bound_is_rounding(d.key.stage)) continue;
+    const SideDiff* s = d.judged_side();
+    if (s == nullptr) continue;
+    if (worst == nullptr || s->values.share > worst->judged_side()->values.share) worst = &d;
+  }
+  return worst;
+}
+
 // ---- text ------------------------------------------------------------------------------------
 
 void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, size_t count) {
@@ -128,7 +171,7 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
   }
   switch (d.status) {
     case DatasetStatus::MissingInA:
-      out += fmt::format("not comparable: missing in A ({})\n\n", r.a.file);
+      out += fmt::format("not comparable: {} missing in A ({})\n\n", d.missing_path, r.a.file);
       return;
     case DatasetStatus::MissingInB:
       out += fmt::format("not comparable: missing in B ({})\n\n", r.b.file);
@@ -140,7 +183,10 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
     case DatasetStatus::Pass:
     case DatasetStatus::Fail: break;
   }
-  const ValueComparison& v = d.values;
+  const SideDiff& side = *d.judged_side();
+  const ValueComparison& v = side.values;
+  out += fmt::format("{} error (A = {}):\n", judge_name(d.judged),
+                     d.judged == Judge::local ? "the stage replayed on B's inputs" : "A's output");
   out += fmt::format("size:           {}           {}\n", dims_text(d.dims_a), dims_text(d.dims_b));
   const size_t shown = std::min(count, v.listed.size());
   if (d.is_decision()) {
@@ -151,51 +197,75 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
                               value(m.a), value(m.b)));
     }
   } else {
-    out += line(fmt::format("{:<16}{:<18}{:<18}{:<18}{:<18}", "position", "A", "B", "difference",
-                            "relative")) +
-           std::string(88, '-') + "\n";
+    out += line(fmt::format("{:<16}{:<18}{:<18}{:<14}{:<14}{:<14}", "position", "A", "B",
+                            "difference", "relative", "bound")) +
+           std::string(94, '-') + "\n";
     for (size_t i = 0; i < shown; ++i) {
       const auto& m = v.listed[i];
-      out += line(fmt::format("{:<16}{:<18}{:<18}{:<18}{:<18}", element_position(m.index, d.dims_b),
-                              value(m.a), value(m.b), num(m.abs_err), num(m.rel_err)));
+      out += line(fmt::format("{:<16}{:<18}{:<18}{:<14}{:<14}{:<14}",
+                              element_position(m.index, d.dims_b), value(m.a), value(m.b),
+                              num(m.abs_err), num(m.rel_err), num(m.bound)));
     }
   }
   if (shown < v.mismatches)
     out += fmt::format("({} of {} listed; -n COUNT lists more)\n", shown, v.mismatches);
   if (v.nonfinite_mismatches > 0)
     out += fmt::format("NaN/Inf on one side only: {}\n", v.nonfinite_mismatches);
-  if (d.routing)
-    out += fmt::format("routing flip: {} of {} slots differ ({}); reference margin {} (k-th minus "
-                       "(k+1)-th router logit)\n",
-                       d.routing->slots, v.elements,
-                       d.routing->same_set ? "same experts, another order" : "different experts",
-                       margin_text(d.routing->margin));
+  if (side.decision) out += decision_text(d.key.stage, *side.decision, v.elements) + "\n";
+  if (d.judged == Judge::local && d.accumulated && !d.is_decision())
+    out += fmt::format("accumulated error (A's free-running output): max abs {} ({}x the bound), "
+                       "amplification {}\n",
+                       num(d.accumulated->values.max_abs_err),
+                       share_text(d.accumulated->values.share), num(d.amplification));
+  if (d.rerouted_slots > 0)
+    out += fmt::format("accumulated: {} slot(s) routed to another expert than the reference's "
+                       "are not compared\n",
+                       d.rerouted_slots);
+  out += fmt::format("bound: {}\n", r.criterion.kind == Criterion::Kind::derived
+                                        ? std::string(bound_formula(d.key.stage))
+                                        : r.criterion.describe());
   out += fmt::format("{} differences found\n\n", v.mismatches);
 }
 
 void text_metrics_table(std::string& out, const DiffResult& r) {
   size_t width = 7;
   for (const auto& d : r.datasets) width = std::max(width, d.path.size());
-  out += fmt::format("{:<{}}  {:<14} {:>9} {:>10} {:>12} {:>8} {:>12} {:>8} {:>9} {:>12} {:>11} {:>9}\n",
-                     "dataset", width, "status", "elements", "mismatches", "max_abs_err", "at",
-                     "max_rel_err", "at", "max_ulp", "cosine", "nmse", "tol_used");
+  const auto row = [&](std::string_view path, std::string_view status, const std::string& elements,
+                       const std::string& mism, const std::string& l_abs, const std::string& l_share,
+                       const std::string& a_abs, const std::string& a_share, const std::string& amp,
+                       const std::string& cosine, const std::string& nmse, const std::string& ulp) {
+    out += line(fmt::format("{:<{}}  {:<14} {:>9} {:>10} {:>12} {:>10} {:>12} {:>10} {:>10} {:>12} "
+                            "{:>11} {:>8}",
+                            path, width, status, elements, mism, l_abs, l_share, a_abs, a_share,
+                            amp, cosine, nmse, ulp));
+  };
+  row("dataset", "status", "elements", "mismatches", "local_abs", "local_share", "accum_abs",
+      "accum_share", "amplif", "accum_cosine", "accum_nmse", "max_ulp");
   for (const auto& d : r.datasets) {
-    const ValueComparison& v = d.values;
     const bool compared = d.status == DatasetStatus::Pass || d.status == DatasetStatus::Fail;
     if (!compared) {
-      out += fmt::format("{:<{}}  {:<14} {:>9} {:>10} {:>12} {:>8} {:>12} {:>8} {:>9} {:>12} {:>11} {:>9}\n",
-                         d.path, width, status_name(d.status), "-", "-", "-", "-", "-", "-", "-",
-                         "-", "-", "-");
-    } else if (d.is_decision()) {
-      out += fmt::format("{:<{}}  {:<14} {:>9} {:>10} {:>12} {:>8} {:>12} {:>8} {:>9} {:>12} {:>11} {:>9}\n",
-                         d.path, width, status_name(d.status), v.elements, v.mismatches, "-", "-",
-                         "-", "-", "-", "-", "-", v.mismatches > 0 ? "flip" : "-");
-    } else {
-      out += fmt::format("{:<{}}  {:<14} {:>9} {:>10} {:>12} {:>8} {:>12} {:>8} {:>9} {:>12.9f} {:>11} {:>9}\n",
-                         d.path, width, status_name(d.status), v.elements, v.mismatches,
-                         num(v.max_abs_err), v.max_abs_index, num(v.max_rel_err), v.max_rel_index,
-                         v.max_ulp, v.cosine, num(v.nmse), num(v.tolerance_used));
+      row(d.path, status_name(d.status), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-");
+      continue;
     }
+    const SideDiff& j = *d.judged_side();
+    const std::string mism = std::to_string(j.values.mismatches);
+    if (d.is_decision()) {
+      auto flip = [](const std::optional<SideDiff>& s) -> std::string {
+        if (!s || !s->decision || s->decision->slots == 0) return "-";
+        return s->decision->explained ? "drift" : "flip";
+      };
+      row(d.path, status_name(d.status), std::to_string(j.values.elements), mism, "-",
+          flip(d.local), "-", flip(d.accumulated), "-", "-", "-", "-");
+      continue;
+    }
+    const ValueComparison* l = d.local ? &d.local->values : nullptr;
+    const ValueComparison* a = d.accumulated ? &d.accumulated->values : nullptr;
+    row(d.path, status_name(d.status), std::to_string(j.values.elements), mism,
+        l ? num(l->max_abs_err) : "-", l ? share_text(l->share) : "-",
+        a ? num(a->max_abs_err) : "-", a ? share_text(a->share) : "-",
+        std::isnan(d.amplification) ? "-" : num(d.amplification),
+        a ? fmt::format("{:.9f}", a->cosine) : "-", a ? num(a->nmse) : "-",
+        std::to_string((l ? l : a)->max_ulp));
   }
 }
 
@@ -208,7 +278,7 @@ struct Cell {
   bool first = false;  // holds the first divergence
 };
 
-std::string cell_label(const Cell& c) {
+std::string cell_label(const Cell& c, bool accumulated) {
   if (c.worst_dataset == nullptr) return "";
   const DatasetDiff& d = *c.worst_dataset;
   switch (d.status) {
@@ -218,8 +288,9 @@ std::string cell_label(const Cell& c) {
     case DatasetStatus::Pass:
     case DatasetStatus::Fail: break;
   }
-  if (d.is_decision()) return d.values.mismatches > 0 ? "flip" : "ok";
-  if (d.values.nonfinite_mismatches > 0) return "NaN";
+  if (d.is_decision()) return c.worst == 0 ? "ok" : c.worst < 1 ? "drift" : "flip";
+  const SideDiff* s = accumulated ? (d.accumulated ? &*d.accumulated : nullptr) : d.judged_side();
+  if (s != nullptr && s->values.nonfinite_mismatches > 0) return "NaN";
   if (c.worst < 10) return fmt::format("{:.2g}", c.worst);
   if (c.worst < 1000) return fmt::format("{:.0f}", c.worst);
   return fmt::format("{:.0e}", c.worst);
@@ -259,7 +330,62 @@ td.first { outline: 3px solid #1a237e; outline-offset: -3px; font-weight: 700; }
   font-family: monospace; border: 1px solid #ddd; }
 table.fails td, table.fails th { border-bottom: 1px solid #eee; padding: 0.2em 0.8em 0.2em 0;
   font-family: monospace; font-size: 0.85em; text-align: left; }
+input.view { display: none; }
+label.view { display: inline-block; padding: 0.3em 0.9em; border: 1px solid #bbb; border-radius: 4px 4px 0 0;
+  cursor: pointer; font-size: 0.9em; margin-right: 0.2em; background: #f5f5f5; }
+#view-local:checked ~ label[for=view-local], #view-accum:checked ~ label[for=view-accum] {
+  background: #1a237e; color: #fff; border-color: #1a237e; }
+div.heatmap { display: none; margin-top: 0.6em; }
+#view-local:checked ~ div.local, #view-accum:checked ~ div.accum { display: block; }
 )";
+
+std::string heatmap(const DiffResult& r, bool accumulated) {
+  // Column 0 is model scope; column L + 1 is layer L.
+  const int columns = r.num_layers + 1;
+  std::vector<std::vector<Cell>> grid(size_t(kNumStages),
+                                      std::vector<Cell>(static_cast<size_t>(columns)));
+  for (const auto& d : r.datasets) {
+    const int col = d.key.layer == kModelLayer ? 0 : d.key.layer + 1;
+    if (col < 0 || col >= columns) continue;
+    Cell& c = grid[size_t(d.key.stage)][size_t(col)];
+    ++c.datasets;
+    const double sev = accumulated ? d.accumulated_severity() : d.severity();
+    if (accumulated ? (d.accumulated && d.accumulated->failed) : d.failed()) ++c.failed;
+    if (sev > c.worst || c.worst_dataset == nullptr) {
+      c.worst = sev;
+      c.worst_dataset = &d;
+    }
+    if (r.first_divergence && r.first_divergence->path == d.path) c.first = true;
+  }
+  std::string out = "<table class=\"heat\">\n<tr><th class=\"stage\">stage</th><th>model</th>";
+  for (int l = 0; l < r.num_layers; ++l) out += fmt::format("<th>L{}</th>", l);
+  out += "</tr>\n";
+  for (const auto& s : kStages) {
+    out += fmt::format("<tr><th class=\"stage\">{}</th>", s.name);
+    for (int col = 0; col < columns; ++col) {
+      const Cell& c = grid[size_t(s.stage)][size_t(col)];
+      if (c.datasets == 0) {
+        out += "<td class=\"none\"></td>";
+        continue;
+      }
+      const std::string where = col == 0 ? "model scope" : fmt::format("layer {}", col - 1);
+      const DatasetDiff& worst = *c.worst_dataset;
+      std::string title = fmt::format("{} {}: {} of {} datasets exceed the criterion by {} error; "
+                                      "largest share {} at position {}",
+                                      s.name, where, c.failed, c.datasets,
+                                      accumulated ? "accumulated" : judge_name(r.judged),
+                                      num(c.worst), worst.key.position);
+      if (!accumulated && worst.failed()) title += "; " + failure_summary(r, worst);
+      if (!std::isnan(worst.amplification))
+        title += fmt::format("; amplification {}", num(worst.amplification));
+      out += fmt::format("<td class=\"{}{}\" title=\"{}\">{}</td>", cell_class(c),
+                         c.first && !accumulated ? " first" : "", xml_escape(title),
+                         xml_escape(cell_label(c, accumulated)));
+    }
+    out += "</tr>\n";
+  }
+  return out + "</table>\n";
+}
 
 }  // namespace
 
@@ -267,9 +393,19 @@ table.fails td, table.fails th { border-bottom: 1px solid #eee; padding: 0.2em 0
 
 std::string verdict_line(const DiffResult& r) {
   const size_t n = r.datasets.size();
-  if (!r.diverged())
-    return fmt::format("PASS: {} datasets of {} ({}) match {} ({}) within {}", n, r.a.file,
-                       r.a.backend, r.b.file, r.b.backend, r.tolerance.describe());
+  const std::string how = fmt::format("by {} error under {}", judge_name(r.judged),
+                                      r.criterion.describe());
+  if (!r.diverged()) {
+    std::string s = fmt::format("PASS: {} datasets of {} ({}) match {} ({}) {}", n, r.a.file,
+                                r.a.backend, r.b.file, r.b.backend, how);
+    if (const DatasetDiff* w = worst_dataset(r))
+      s += fmt::format("; largest share of the bound {} ({}, {})",
+                       share_text(w->judged_side()->values.share), location(w->key),
+                       judge_name(w->judged));
+    if (r.drift_decisions > 0)
+      s += fmt::format("; {} decision flip(s) within the bound (drift)", r.drift_decisions);
+    return s;
+  }
   const FirstDivergence& f = *r.first_divergence;
   std::string where = f.layer == kModelLayer
                           ? fmt::format("position {}, model scope, stage {}", f.position, name(f.stage))
@@ -280,38 +416,55 @@ std::string verdict_line(const DiffResult& r) {
   const auto it = std::find_if(r.datasets.begin(), r.datasets.end(),
                                [&](const DatasetDiff& d) { return d.path == f.path; });
   if (f.status == DatasetStatus::MissingInA)
-    what = fmt::format("dataset {} missing in A ({})", f.path, r.a.file);
+    what = fmt::format("dataset {} missing in A ({})",
+                       it != r.datasets.end() ? it->missing_path : f.path, r.a.file);
   else if (f.status == DatasetStatus::MissingInB)
     what = fmt::format("dataset {} missing in B ({})", f.path, r.b.file);
   else if (f.status == DatasetStatus::ShapeMismatch && it != r.datasets.end())
     what = fmt::format("shape {} in A but {} in B", dims_text(it->dims_a), dims_text(it->dims_b));
-  else if (f.element && info(f.stage).kind == ValueKind::Index)
-    what = fmt::format("slot {}: candidate expert {} vs reference expert {} (routing flip; "
-                       "reference margin {})",
-                       f.element->index, value(f.element->a), value(f.element->b),
-                       margin_text(it != r.datasets.end() && it->routing ? it->routing->margin
-                                                                         : std::nullopt));
-  else if (f.element)
-    what = fmt::format("element {} {}: candidate {} vs reference {} (abs err {}, rel err {})",
+  else if (f.element && is_decision(f.stage) && it != r.datasets.end())
+    what = fmt::format("{} {}: candidate {} vs reference {}; {}",
+                       f.stage == Stage::topk_idx ? "slot" : "choice", f.element->index,
+                       value(f.element->a), value(f.element->b),
+                       decision_text(f.stage, *it->judged_side()->decision,
+                                     it->judged_side()->values.elements));
+  else if (f.element) {
+    what = fmt::format("element {} {}: {} candidate {} vs reference {} (abs err {}, rel err {}, "
+                       "bound {}: {}x)",
                        f.element->index,
                        element_position(f.element->index, it != r.datasets.end() ? it->dims_b
                                                                                  : std::vector<size_t>{}),
-                       value(f.element->a), value(f.element->b), num(f.element->abs_err),
-                       num(f.element->rel_err));
-  return fmt::format("DIVERGED: {} of {} datasets differ under {}; first divergence at {}: {}",
-                     r.failed_datasets(), n, r.tolerance.describe(), where, what);
+                       judge_name(f.judged), value(f.element->a), value(f.element->b),
+                       num(f.element->abs_err), num(f.element->rel_err), num(f.element->bound),
+                       share_text(f.share));
+    if (f.accumulated_abs_err)
+      what += fmt::format("; accumulated error there {}, amplification {}",
+                          num(*f.accumulated_abs_err), num(f.amplification));
+  }
+  return fmt::format("DIVERGED: {} of {} datasets differ {}; first divergence at {}: {}",
+                     r.failed_datasets(), n, how, where, what);
 }
 
 std::string report_text(const DiffResult& r, const TextReportOptions& options) {
   if (options.quiet) return verdict_line(r) + "\n";
   std::string out;
   out += fmt::format("A (candidate): {}\nB (reference): {}\n", side_text(r.a), side_text(r.b));
-  out += fmt::format("tolerance: {}; an element differs when |A - B| > atol + rtol * |B|\n\n",
-                     r.tolerance.describe());
+  out += fmt::format("criterion: {}; an element differs when |A - B| > its bound\n",
+                     r.criterion.describe());
+  out += judged_text(r) + "\n";
+  if (r.criterion.kind == Criterion::Kind::derived)
+    out += fmt::format("precision of A: {}\n", r.policy.to_json().dump());
+  out += "\n";
   for (const auto& d : r.datasets)
     if (d.failed()) text_dataset(out, r, d, options.count);
-  out += fmt::format("summary: {} datasets compared, {} differ\n", r.datasets.size(),
+  out += fmt::format("summary: {} datasets compared, {} differ", r.datasets.size(),
                      r.failed_datasets());
+  if (r.drift_decisions > 0)
+    out += fmt::format(", {} decision flip(s) within the bound (drift)", r.drift_decisions);
+  out += "\n";
+  if (r.first_drift_path)
+    out += fmt::format("drift: the accumulated error first exceeds the criterion at {}\n",
+                       *r.first_drift_path);
   text_metrics_table(out, r);
   out += '\n';
   out += verdict_line(r);
@@ -319,65 +472,98 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
   return out;
 }
 
+namespace {
+json side_json(const DatasetDiff& d, const std::optional<SideDiff>& s) {
+  if (!s) return nullptr;
+  const ValueComparison& v = s->values;
+  if (s->decision) {
+    const DecisionDiff& dd = *s->decision;
+    return {{"failed", s->failed},
+            {"elements", v.elements},
+            {"mismatches", v.mismatches},
+            {"flip", dd.slots > 0},
+            {"drift", dd.drift()},
+            {"same_set", dd.same_set},
+            {"margin", dd.margin ? json_number(*dd.margin) : json(nullptr)},
+            {"gap", json_number(dd.gap)},
+            {"allowance", json_number(dd.allowance)}};
+  }
+  (void)d;
+  return {{"failed", s->failed},
+          {"elements", v.elements},
+          {"compared", v.compared},
+          {"mismatches", v.mismatches},
+          {"max_abs_err", json_number(v.max_abs_err)},
+          {"max_abs_index", v.max_abs_index},
+          {"max_rel_err", json_number(v.max_rel_err)},
+          {"max_rel_index", v.max_rel_index},
+          {"max_ulp", v.max_ulp},
+          {"cosine", json_number(v.cosine)},
+          {"nmse", json_number(v.nmse)},
+          {"share", json_number(v.share)},
+          {"share_index", v.share_index},
+          {"max_bound", json_number(v.max_bound)},
+          {"nonfinite_mismatches", v.nonfinite_mismatches}};
+}
+}  // namespace
+
 json report_json(const DiffResult& r) {
   json first = nullptr;
   if (r.first_divergence) {
     const FirstDivergence& f = *r.first_divergence;
+    const auto& e = f.element;
     first = {{"path", f.path},
              {"position", f.position},
              {"layer", json_layer(f.layer)},
              {"stage", name(f.stage)},
              {"status", status_name(f.status)},
+             {"judged", judge_name(f.judged)},
              {"expert", f.expert ? json(*f.expert) : json(nullptr)},
-             {"index", f.element ? json(f.element->index) : json(nullptr)},
-             {"candidate", f.element ? json_number(f.element->a) : json(nullptr)},
-             {"reference", f.element ? json_number(f.element->b) : json(nullptr)},
-             {"abs_err", f.element ? json_number(f.element->abs_err) : json(nullptr)},
-             {"rel_err", f.element ? json_number(f.element->rel_err) : json(nullptr)}};
+             {"index", e ? json(e->index) : json(nullptr)},
+             {"candidate", e ? json_number(e->a) : json(nullptr)},
+             {"reference", e ? json_number(e->b) : json(nullptr)},
+             {"abs_err", e ? json_number(e->abs_err) : json(nullptr)},
+             {"rel_err", e ? json_number(e->rel_err) : json(nullptr)},
+             {"bound", e ? json_number(e->bound) : json(nullptr)},
+             {"share", e ? json_number(f.share) : json(nullptr)},
+             {"accumulated_abs_err",
+              f.accumulated_abs_err ? json_number(*f.accumulated_abs_err) : json(nullptr)},
+             {"amplification", json_number(f.amplification)}};
   }
   json datasets = json::array();
   for (const auto& d : r.datasets) {
-    const ValueComparison& v = d.values;
-    const bool compared = d.status == DatasetStatus::Pass || d.status == DatasetStatus::Fail;
-    const bool real = compared && !d.is_decision();
-    auto metric = [&](double x) { return real ? json_number(x) : json(nullptr); };
-    auto index = [&](size_t i) { return real ? json(i) : json(nullptr); };
     json experts = nullptr;
     if (!d.slot_experts.empty()) experts = d.slot_experts;
-    json flip = nullptr;
-    if (d.routing)
-      flip = {{"slots", d.routing->slots},
-              {"same_set", d.routing->same_set},
-              {"margin", d.routing->margin ? json_number(*d.routing->margin) : json(nullptr)}};
     datasets.push_back({{"path", d.path},
                         {"position", d.key.position},
                         {"layer", json_layer(d.key.layer)},
                         {"stage", name(d.key.stage)},
                         {"order", d.key.order},
                         {"status", status_name(d.status)},
+                        {"missing", d.missing_path.empty() ? json(nullptr) : json(d.missing_path)},
+                        {"judged", judge_name(d.judged)},
                         {"dims_a", d.dims_a},
                         {"dims_b", d.dims_b},
-                        {"atol", d.tolerance.atol},
-                        {"rtol", d.tolerance.rtol},
-                        {"elements", compared ? json(v.elements) : json(nullptr)},
-                        {"mismatches", compared ? json(v.mismatches) : json(nullptr)},
-                        {"max_abs_err", metric(v.max_abs_err)},
-                        {"max_abs_index", index(v.max_abs_index)},
-                        {"max_rel_err", metric(v.max_rel_err)},
-                        {"max_rel_index", index(v.max_rel_index)},
-                        {"max_ulp", real ? json(v.max_ulp) : json(nullptr)},
-                        {"cosine", metric(v.cosine)},
-                        {"nmse", metric(v.nmse)},
-                        {"tolerance_used", metric(v.tolerance_used)},
-                        {"nonfinite_mismatches", real ? json(v.nonfinite_mismatches) : json(nullptr)},
                         {"experts", experts},
-                        {"routing_flip", flip}});
+                        {"rerouted_slots", d.rerouted_slots},
+                        {"amplification", json_number(d.amplification)},
+                        {"local", side_json(d, d.local)},
+                        {"accumulated", side_json(d, d.accumulated)}});
   }
+  json summary = {{"datasets", r.datasets.size()},
+                  {"failed", r.failed_datasets()},
+                  {"drift_decisions", r.drift_decisions}};
+  if (const DatasetDiff* w = worst_dataset(r))
+    summary["largest_share"] = {{"path", w->path}, {"share", json_number(w->judged_side()->values.share)}};
   return {{"verdict", r.diverged() ? "diverged" : "pass"},
-          {"summary", {{"datasets", r.datasets.size()}, {"failed", r.failed_datasets()}}},
+          {"summary", summary},
           {"first_divergence", first},
-          {"tolerance", r.tolerance.to_json()},
-          {"a", {{"file", r.a.file}, {"backend", r.a.backend}, {"precision", r.a.precision}}},
+          {"first_drift", r.first_drift_path ? json(*r.first_drift_path) : json(nullptr)},
+          {"criterion", r.criterion.to_json()},
+          {"judged", judge_name(r.judged)},
+          {"candidate_precision_policy", r.policy.to_json()},
+          {"a", {{"file", r.a.file}, {"backend", r.a.backend}, {"precision", r.a.precision},
+                 {"replay", r.a_has_replay}}},
           {"b", {{"file", r.b.file}, {"backend", r.b.backend}, {"precision", r.b.precision}}},
           {"datasets", datasets}};
 }
@@ -414,7 +600,8 @@ std::string report_junit(const DiffResult& r) {
   out += "    <properties>\n";
   for (const auto& [key, val] : {std::pair<std::string, std::string>{"candidate", side_text(r.a)},
                                  {"reference", side_text(r.b)},
-                                 {"tolerance", r.tolerance.describe()},
+                                 {"criterion", r.criterion.describe()},
+                                 {"judged", std::string(judge_name(r.judged))},
                                  {"verdict", verdict_line(r)}})
     out += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", key, xml_escape(val));
   out += "    </properties>\n";
@@ -444,23 +631,6 @@ std::string report_junit(const DiffResult& r) {
 }
 
 std::string report_html(const DiffResult& r) {
-  // Column 0 is model scope; column L + 1 is layer L.
-  const int columns = r.num_layers + 1;
-  std::vector<std::vector<Cell>> grid(size_t(kNumStages), std::vector<Cell>(static_cast<size_t>(columns)));
-  for (const auto& d : r.datasets) {
-    const int col = d.key.layer == kModelLayer ? 0 : d.key.layer + 1;
-    if (col < 0 || col >= columns) continue;
-    Cell& c = grid[size_t(d.key.stage)][size_t(col)];
-    ++c.datasets;
-    if (d.failed()) ++c.failed;
-    const double sev = d.severity();
-    if (sev > c.worst || c.worst_dataset == nullptr) {
-      c.worst = sev;
-      c.worst_dataset = &d;
-    }
-    if (r.first_divergence && r.first_divergence->path == d.path) c.first = true;
-  }
-
   std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   out += fmt::format("<title>parity-diff: {} vs {}</title>\n<style>{}</style>\n</head>\n<body>\n",
                      xml_escape(r.a.file), xml_escape(r.b.file), kHtmlStyle);
@@ -470,46 +640,37 @@ std::string report_html(const DiffResult& r) {
   out += "<table class=\"meta\">\n";
   out += fmt::format("<tr><th>A (candidate)</th><td>{}</td></tr>\n", xml_escape(side_text(r.a)));
   out += fmt::format("<tr><th>B (reference)</th><td>{}</td></tr>\n", xml_escape(side_text(r.b)));
-  out += fmt::format("<tr><th>tolerance</th><td>{}; an element differs when |A &minus; B| &gt; "
-                     "atol + rtol&middot;|B|</td></tr>\n",
-                     xml_escape(r.tolerance.describe()));
-  out += fmt::format("<tr><th>datasets</th><td>{} compared, {} differ</td></tr>\n</table>\n",
+  out += fmt::format("<tr><th>criterion</th><td>{}; an element differs when |A &minus; B| &gt; "
+                     "its bound</td></tr>\n",
+                     xml_escape(r.criterion.describe()));
+  out += fmt::format("<tr><th>judged</th><td>{}</td></tr>\n", xml_escape(judged_text(r)));
+  out += fmt::format("<tr><th>datasets</th><td>{} compared, {} differ</td></tr>\n",
                      r.datasets.size(), r.failed_datasets());
+  if (r.first_drift_path)
+    out += fmt::format("<tr><th>drift</th><td>the accumulated error first exceeds the criterion at "
+                       "{}</td></tr>\n",
+                       xml_escape(*r.first_drift_path));
+  out += "</table>\n";
 
-  out += "<h2>Error heatmap</h2>\n<p>Each cell: the largest share of tolerance used over all "
-         "positions, max |A&minus;B| / (atol + rtol&middot;|B|); 1 or more fails. The first "
-         "divergence is outlined; hover a cell for details.</p>\n";
+  out += "<h2>Error heatmaps</h2>\n<p>Each cell: the largest share of the bound used over all "
+         "positions, max |A&minus;B| / bound; above 1 fails. <b>Local</b>: each stage replayed on "
+         "the reference's inputs, its own error, which decides. <b>Accumulated</b>: the candidate "
+         "running free, the drift it inherits (reported, not judged). The first divergence is "
+         "outlined; hover a cell for details.</p>\n";
   out += "<p class=\"legend\"><span style=\"background:#e8f5e9\">&lt; 0.01</span>"
          "<span style=\"background:#c8e6c9\">&lt; 0.1</span>"
-         "<span style=\"background:#fff9c4\">&lt; 0.5</span>"
+         "<span style=\"background:#fff9c4\">&lt; 0.5 (drift)</span>"
          "<span style=\"background:#ffe082\">&le; 1</span>"
          "<span style=\"background:#ef9a9a\">&lt; 10</span>"
          "<span style=\"background:#e57373\">&lt; 100</span>"
          "<span style=\"background:#b71c1c;color:#fff\">&ge; 100, NaN, flip, missing</span></p>\n";
-  out += "<table class=\"heat\">\n<tr><th class=\"stage\">stage</th><th>model</th>";
-  for (int l = 0; l < r.num_layers; ++l) out += fmt::format("<th>L{}</th>", l);
-  out += "</tr>\n";
-  for (const auto& s : kStages) {
-    out += fmt::format("<tr><th class=\"stage\">{}</th>", s.name);
-    for (int col = 0; col < columns; ++col) {
-      const Cell& c = grid[size_t(s.stage)][size_t(col)];
-      if (c.datasets == 0) {
-        out += "<td class=\"none\"></td>";
-        continue;
-      }
-      const std::string where = col == 0 ? "model scope" : fmt::format("layer {}", col - 1);
-      const DatasetDiff& worst = *c.worst_dataset;
-      std::string title = fmt::format("{} {}: {} of {} datasets differ; largest tolerance used {} "
-                                      "at position {}",
-                                      s.name, where, c.failed, c.datasets, num(c.worst),
-                                      worst.key.position);
-      if (worst.failed()) title += "; " + failure_summary(r, worst);
-      out += fmt::format("<td class=\"{}{}\" title=\"{}\">{}</td>", cell_class(c),
-                         c.first ? " first" : "", xml_escape(title), xml_escape(cell_label(c)));
-    }
-    out += "</tr>\n";
-  }
-  out += "</table>\n";
+  out += "<div>\n<input class=\"view\" type=\"radio\" name=\"view\" id=\"view-local\" checked>\n"
+         "<input class=\"view\" type=\"radio\" name=\"view\" id=\"view-accum\">\n";
+  out += fmt::format("<label class=\"view\" for=\"view-local\">{} error (decides)</label>\n",
+                     judge_name(r.judged));
+  out += "<label class=\"view\" for=\"view-accum\">accumulated error (drift)</label>\n";
+  out += "<div class=\"heatmap local\">\n" + heatmap(r, false) + "</div>\n";
+  out += "<div class=\"heatmap accum\">\n" + heatmap(r, true) + "</div>\n</div>\n";
 
   constexpr size_t kMaxListed = 500;
   out += fmt::format("<h2>Datasets that differ ({})</h2>\n", r.failed_datasets());

@@ -16,16 +16,19 @@ struct TextReportOptions {
 
 // One line: "PASS: ..." or "DIVERGED: ... first divergence at ...".
 std::string verdict_line(const DiffResult& r);
-// h5diff-style: per failing dataset a header, a `position A B difference relative` table and
-// "N differences found"; then a per-dataset metrics table and the verdict line.
+// h5diff-style: per failing dataset a header, a `position A B difference relative bound` table
+// of its judged (local) error and "N differences found"; then a per-dataset table of local and
+// accumulated error, their shares of the bound and the amplification; then the verdict line.
 std::string report_text(const DiffResult& r, const TextReportOptions& options = {});
-// {"verdict", "first_divergence", "tolerance", "a", "b", "datasets": [...]}; non-finite
-// numbers are null.
+// {"verdict", "first_divergence", "criterion", "judged", "a", "b", "datasets": [...]}, each
+// dataset with "local" and "accumulated" metrics; non-finite numbers are null.
 nlohmann::json report_json(const DiffResult& r);
-// One <testsuite>, one <testcase> per stage (aggregated over positions and layers).
+// One <testsuite>, one <testcase> per stage (aggregated over positions and layers); a stage fails
+// when its judged (local) error exceeds the criterion somewhere, so one bug is one red testcase.
 std::string report_junit(const DiffResult& r);
-// One self-contained page (inline CSS, no script): summary, heatmap of the max tolerance used
-// over positions per (stage, layer), and the failing datasets.
+// One self-contained page (inline CSS, no script): summary, heatmaps of the share of the bound
+// used per (stage, layer) by the local error (what decides) and by the accumulated error (drift),
+// and the failing datasets.
 std::string report_html(const DiffResult& r);
 
 enum class ReportFormat { Text, Json, Junit, Html };

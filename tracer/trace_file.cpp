@@ -152,9 +152,26 @@ std::string dims_text(const std::vector<size_t>& dims) {
 
 }  // namespace
 
-std::string trace_dataset_path(int position, int layer, Stage s) {
-  if (layer == kModelLayer) return fmt::format("/pos_{}/model/{}", position, name(s));
-  return fmt::format("/pos_{}/layer_{}/{}", position, layer, name(s));
+std::string_view series_name(Series s) {
+  switch (s) {
+    case Series::output: return "output";
+    case Series::replay: return "replay";
+    case Series::magnitude: return "magnitude";
+  }
+  return "output";
+}
+
+namespace {
+// The group a series' datasets live under: the root for outputs, /replay, /magnitude.
+std::string series_prefix(Series s) {
+  return s == Series::output ? std::string() : "/" + std::string(series_name(s));
+}
+}  // namespace
+
+std::string trace_dataset_path(int position, int layer, Stage s, Series series) {
+  const std::string prefix = series_prefix(series);
+  if (layer == kModelLayer) return fmt::format("{}/pos_{}/model/{}", prefix, position, name(s));
+  return fmt::format("{}/pos_{}/layer_{}/{}", prefix, position, layer, name(s));
 }
 
 // ---- TraceWriter -----------------------------------------------------------------------------
@@ -163,6 +180,7 @@ struct TraceWriter::Impl {
   std::string path;      // final name
   std::string tmp_path;  // written here until finish()
   std::set<int> positions;
+  std::vector<int32_t> tokens, token_positions;  // written at finish()
   std::unique_ptr<H5::H5File> file;
   std::set<std::string> groups;
   std::set<std::string> datasets;
@@ -206,13 +224,23 @@ TraceWriter::TraceWriter(std::string path, TraceMeta meta, std::set<int> positio
     write_string_attr(root, "config", meta.config.dump());
     write_string_attr(root, "checkpoint_fingerprint", meta.fingerprint);
     write_string_attr(root, "model_dir", meta.model_dir);
-    write_int_array_attr(root, "tokens", meta.tokens);
-    write_int_array_attr(root, "positions", meta.positions);
     write_string_attr(root, "tool_version", meta.tool_version);
     write_string_attr(root, "commit", meta.commit);
     write_string_attr(root, "device", meta.device.dump());
     write_string_attr(root, "created", meta.created);
+    if (meta.precision_policy)
+      write_string_attr(root, "precision_policy", meta.precision_policy->to_json().dump());
+    write_int_attr(root, "replay", meta.replay ? 1 : 0);
+    write_string_attr(root, "run", meta.run.dump());
   });
+  impl_->tokens = std::move(meta.tokens);
+  impl_->token_positions = std::move(meta.positions);
+}
+
+void TraceWriter::set_tokens(std::vector<int32_t> tokens, std::vector<int32_t> positions) {
+  if (impl_->finished) fail("{}: set_tokens() after finish()", impl_->path);
+  impl_->tokens = std::move(tokens);
+  impl_->token_positions = std::move(positions);
 }
 
 TraceWriter::~TraceWriter() = default;
@@ -225,7 +253,7 @@ void TraceWriter::record(const StageKey& key, const StageData& data) {
   Impl& w = *impl_;
   if (w.finished) fail("{}: record() after finish(): the trace is already complete", w.path);
   const StageInfo& si = info(key.stage);
-  const std::string ds_path = trace_dataset_path(key.position, key.layer, key.stage);
+  const std::string ds_path = trace_dataset_path(key.position, key.layer, key.stage, key.series);
   if (key.position < 0) fail("{}: {}: negative position {}", w.path, ds_path, key.position);
   if ((si.scope == Scope::Model) != (key.layer == kModelLayer) || key.layer < kModelLayer)
     fail("{}: {}: stage {} is {}-scope but was recorded with layer {}", w.path, ds_path, si.name,
@@ -236,6 +264,8 @@ void TraceWriter::record(const StageKey& key, const StageData& data) {
   if (elements != data.size())
     fail("{}: {}: dims {} hold {} values but the data has {}", w.path, ds_path,
          dims_text(data.dims), elements, data.size());
+  if (key.series == Series::magnitude && (si.kind == ValueKind::Index || data.type != StageData::Type::F64))
+    fail("{}: {}: magnitudes are float64 rows of real stages", w.path, ds_path);
   if ((si.kind == ValueKind::Index) != (data.type == StageData::Type::I32))
     fail("{}: {}: stage {} holds {} values; int32 is for index stages only", w.path, ds_path,
          si.name, si.kind == ValueKind::Index ? "index" : "real");
@@ -243,8 +273,9 @@ void TraceWriter::record(const StageKey& key, const StageData& data) {
     fail("{}: {} recorded twice (each position, layer and stage is traced once)", w.path, ds_path);
 
   hdf5_call(w.path, "writing " + ds_path, [&] {
-    const std::string pos_group = fmt::format("/pos_{}", key.position);
-    w.ensure_group(pos_group);
+    const std::string prefix = series_prefix(key.series);
+    if (!prefix.empty()) w.ensure_group(prefix);
+    w.ensure_group(fmt::format("{}/pos_{}", prefix, key.position));
     w.ensure_group(ds_path.substr(0, ds_path.rfind('/')));
     std::vector<hsize_t> dims(data.dims.begin(), data.dims.end());
     const H5::DataSpace space(int(dims.size()), dims.data());
@@ -273,6 +304,9 @@ void TraceWriter::finish() {
   Impl& w = *impl_;
   if (w.finished) fail("{}: finish() called twice", w.path);
   hdf5_call(w.path, "closing the trace", [&] {
+    H5::Group root = w.file->openGroup("/");
+    write_int_array_attr(root, "tokens", w.tokens);
+    write_int_array_attr(root, "positions", w.token_positions);
     w.file->flush(H5F_SCOPE_GLOBAL);
     w.file->close();
   });
@@ -289,8 +323,9 @@ struct TraceReader::Impl {
   std::string path;
   std::unique_ptr<H5::H5File> file;
   TraceMeta meta;
-  std::vector<TraceEntry> entries;
-  std::map<std::string, size_t> index;
+  std::vector<TraceEntry> entries;  // output series
+  std::set<std::string> paths;      // every series
+  std::set<Series> series;
 
   void read_meta(const H5::Group& root) {
     const AttrReader attrs{path, root, "/"};
@@ -300,9 +335,10 @@ struct TraceReader::Impl {
       fail("{}: not a gpt-oss-parity trace (format is \"{}\", expected \"{}\")", path, format,
            kTraceFormat);
     const int version = attrs.int1("format_version");
-    if (version != kTraceFormatVersion)
-      fail("{}: not a gpt-oss-parity trace this build reads (format_version {}, expected {})",
-           path, version, kTraceFormatVersion);
+    if (version < kOldestTraceFormatVersion || version > kTraceFormatVersion)
+      fail("{}: not a gpt-oss-parity trace this build reads (format_version {}, expected {} to "
+           "{})",
+           path, version, kOldestTraceFormatVersion, kTraceFormatVersion);
     // Required: what the differ needs to pair two traces. Optional: descriptive facts, so that
     // traces written by other tools (h5py dumps of a PyTorch run) need not invent them.
     meta.backend = attrs.str("backend");
@@ -317,19 +353,51 @@ struct TraceReader::Impl {
     if (attrs.has("device")) meta.device = attrs.json("device");
     if (attrs.has("tokens")) meta.tokens = attrs.ints("tokens");
     if (attrs.has("positions")) meta.positions = attrs.ints("positions");
+    if (attrs.has("precision_policy"))
+      meta.precision_policy =
+          PrecisionPolicy::from_json(attrs.json("precision_policy"), path + " (precision_policy)");
+    if (attrs.has("run")) meta.run = attrs.json("run");
+  }
+
+  // Child names of a group in one pass (H5Literate, the HDF5 1.10 API): asking for the i-th name of a group is
+  // linear in its size, so a loop over indices would take quadratic time in the positions.
+  static std::vector<std::string> child_names(const H5::Group& g) {
+    std::vector<std::string> names;
+    auto collect = [](hid_t, const char* child, const H5L_info_t*, void* out) -> herr_t {
+      static_cast<std::vector<std::string>*>(out)->emplace_back(child);
+      return 0;
+    };
+    hsize_t idx = 0;
+    if (H5Literate(g.getId(), H5_INDEX_NAME, H5_ITER_NATIVE, &idx, collect, &names) < 0)
+      throw H5::GroupIException("H5Literate", "cannot list a group's members");
+    return names;
   }
 
   void index_datasets(const H5::Group& root) {
-    for (hsize_t i = 0; i < root.getNumObjs(); ++i) {
-      const std::string pos_name = root.getObjnameByIdx(i);
+    index_series(root, "", Series::output);
+    for (Series s : {Series::replay, Series::magnitude}) {
+      const std::string group(series_name(s));
+      if (!root.nameExists(group)) continue;
+      if (root.childObjType(group) != H5O_TYPE_GROUP)
+        fail("{}: /{} is not a group of {} datasets", path, group, group);
+      index_series(root.openGroup(group), "/" + group, s);
+    }
+    std::sort(entries.begin(), entries.end(), [](const TraceEntry& x, const TraceEntry& y) {
+      return std::tie(x.key.position, x.key.order, x.path) <
+             std::tie(y.key.position, y.key.order, y.path);
+    });
+    meta.replay = series.contains(Series::replay);
+  }
+
+  void index_series(const H5::Group& top, const std::string& prefix, Series s) {
+    for (const std::string& pos_name : child_names(top)) {
       if (!pos_name.starts_with("pos_")) continue;  // room for users' own annotations
       const auto position = parse_index(std::string_view(pos_name).substr(4));
-      if (!position || root.childObjType(pos_name) != H5O_TYPE_GROUP)
-        fail("{}: /{} is not a group named pos_<position>", path, pos_name);
-      const H5::Group pos_group = root.openGroup(pos_name);
-      for (hsize_t j = 0; j < pos_group.getNumObjs(); ++j) {
-        const std::string scope_name = pos_group.getObjnameByIdx(j);
-        const std::string scope_path = "/" + pos_name + "/" + scope_name;
+      if (!position || top.childObjType(pos_name) != H5O_TYPE_GROUP)
+        fail("{}: {}/{} is not a group named pos_<position>", path, prefix, pos_name);
+      const H5::Group pos_group = top.openGroup(pos_name);
+      for (const std::string& scope_name : child_names(pos_group)) {
+        const std::string scope_path = prefix + "/" + pos_name + "/" + scope_name;
         std::optional<int> layer;
         if (scope_name == "model")
           layer = kModelLayer;
@@ -338,19 +406,14 @@ struct TraceReader::Impl {
         if (!layer || pos_group.childObjType(scope_name) != H5O_TYPE_GROUP)
           fail("{}: {} is not a group named model or layer_<layer>", path, scope_path);
         const H5::Group scope_group = pos_group.openGroup(scope_name);
-        for (hsize_t k = 0; k < scope_group.getNumObjs(); ++k)
-          add_entry(scope_group, scope_path, scope_group.getObjnameByIdx(k), *position, *layer);
+        for (const std::string& ds_name : child_names(scope_group))
+          add_entry(scope_group, scope_path, ds_name, *position, *layer, s);
       }
     }
-    std::sort(entries.begin(), entries.end(), [](const TraceEntry& x, const TraceEntry& y) {
-      return std::tie(x.key.position, x.key.order, x.path) <
-             std::tie(y.key.position, y.key.order, y.path);
-    });
-    for (size_t i = 0; i < entries.size(); ++i) index[entries[i].path] = i;
   }
 
   void add_entry(const H5::Group& group, const std::string& group_path, const std::string& name,
-                 int position, int layer) {
+                 int position, int layer, Series s) {
     const std::string ds_path = group_path + "/" + name;
     const auto stage = stage_from_name(name);
     if (!stage || group.childObjType(name) != H5O_TYPE_DATASET)
@@ -364,7 +427,10 @@ struct TraceReader::Impl {
     if (stage_attr != name || layer_attr != layer || position_attr != position)
       fail("{}: {} has attributes stage={}, layer={}, position={} that disagree with its path",
            path, ds_path, stage_attr, layer_attr, position_attr);
-    entries.push_back({ds_path, StageKey{position, layer, *stage, attrs.int1("order")}});
+    const StageKey key{position, layer, *stage, attrs.int1("order"), s};
+    paths.insert(ds_path);
+    series.insert(s);
+    if (s == Series::output) entries.push_back({ds_path, key});
   }
 };
 
@@ -396,8 +462,9 @@ const TraceMeta& TraceReader::meta() const { return impl_->meta; }
 const std::string& TraceReader::path() const { return impl_->path; }
 const std::vector<TraceEntry>& TraceReader::entries() const { return impl_->entries; }
 bool TraceReader::has(const std::string& dataset_path) const {
-  return impl_->index.contains(dataset_path);
+  return impl_->paths.contains(dataset_path);
 }
+bool TraceReader::has_series(Series s) const { return impl_->series.contains(s); }
 
 StageData TraceReader::read(const std::string& dataset_path) const {
   const std::string& file = impl_->path;
