@@ -75,7 +75,7 @@ step_sanitize() {
       --tokens "$tiny_tokens" --candidate hip --out "$LOG_DIR/sanitize-$tool"
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG_DIR/sanitize.log" | sort | uniq -c
-  rm -f "$LOG_DIR"/sanitize-*/*.h5
+  rm -rf "$LOG_DIR"/sanitize-*
 }
 
 step_tiny() {
@@ -83,7 +83,7 @@ step_tiny() {
     --generate 8 --candidate hip --out "$LOG_DIR/tiny"
   grep -E "^(PASS|DIVERGED)|^candidate|^timing|^generated" "$LOG_DIR/tiny.log"
   cp "$LOG_DIR/tiny/report.txt" "$LOG_DIR/tiny-report.txt"
-  rm -f "$LOG_DIR"/tiny/*.h5
+  rm -rf "$LOG_DIR/tiny"
   # Far into the tiny model's context (4096): float32 RoPE angles at large positions.
   logged tiny "$bin/parity-trace" --model tiny --models-dir "$MODELS_DIR" --token 5 --pos 4000 \
     --candidate hip --out "$LOG_DIR/tiny-4000"
