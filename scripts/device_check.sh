@@ -112,7 +112,7 @@ trace_20b() {
   local log="$LOG_DIR/$model.log"
   for pos in "$@"; do
     set +e
-    "$bin/parity-trace" --model "$model" --models-dir "$MODELS_DIR" --token 0 --pos "$pos" \
+    "$bin/parity-trace" --model "$MODELS_DIR/$model" --token 0 --pos "$pos" \
       --candidate hip --step 256 --out "$LOG_DIR/$model-pos$pos" >>"$log" 2>&1
     local rc=$?
     set -e
