@@ -53,15 +53,6 @@ constexpr double kVictimOverDrift = 4;
 
 const std::vector<std::string> kCandidates = {"cpu-f32", "hip"};
 
-// Why `candidate` cannot run here, or "" when it can.
-std::string unavailable(const std::string& candidate) {
-  if (candidate != "hip") return "";
-#ifdef PARITY_HAVE_DEVICE
-  return device_available() ? "" : "no GPU: " + device_unavailable_reason();
-#else
-  return "this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)";
-#endif
-}
 
 // The tiny model with unit magnitudes (every activation O(1)) or realistic ones (embedding RMS
 // 0.03, massive residual channels from layer 1 on), loaded once per process.
@@ -83,18 +74,6 @@ const Model& tiny_model(SynthMagnitudes magnitudes) {
   return *m;
 }
 
-TraceMeta meta_of(const Backend& backend, const Model& model) {
-  TraceMeta meta;
-  meta.backend = backend.name();
-  meta.precision = backend.precision();
-  meta.precision_policy = backend.precision_policy();
-  meta.config = model.config.to_json();
-  meta.fingerprint = model.fingerprint;
-  meta.model_dir = model.dir;
-  meta.device = backend.facts();
-  return meta;
-}
-
 // Runs the reference and `candidate` in lockstep with replay over kTokens, traces both into
 // `dir` and diffs them under the default criterion (derived bounds, local error).
 DiffResult trace_and_diff(const Model& model, Backend& candidate, const std::string& dir) {
@@ -104,18 +83,7 @@ DiffResult trace_and_diff(const Model& model, Backend& candidate, const std::str
   for (size_t i = 0; i < kTokens.size(); ++i) options.traced.insert(int(i));
   options.replay = true;
   const std::string ref_path = dir + "/reference.h5", cand_path = dir + "/candidate.h5";
-  TraceMeta cand_meta = meta_of(candidate, model);
-  cand_meta.replay = true;
-  TraceWriter ref_writer(ref_path, meta_of(*reference, model));
-  TraceWriter cand_writer(cand_path, cand_meta);
-  const LockstepResult run =
-      run_lockstep(*reference, candidate, &ref_writer, &cand_writer, options);
-  std::vector<int32_t> positions(run.tokens.size());
-  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
-  ref_writer.set_tokens(run.tokens, positions);
-  cand_writer.set_tokens(run.tokens, positions);
-  ref_writer.finish();
-  cand_writer.finish();
+  trace_lockstep(*reference, candidate, model, options, ref_path, cand_path);
   const TraceReader a(cand_path), b(ref_path);
   return diff_traces(a, b, Criterion::derived());
 }
@@ -236,7 +204,7 @@ bool after(const StageKey& x, const FirstDivergence& f, const Config& config) {
 class MutationTest : public ::testing::TestWithParam<std::tuple<std::string, MutationCase>> {
  protected:
   void SetUp() override {
-    if (const std::string why = unavailable(std::get<0>(GetParam())); !why.empty())
+    if (const std::string why = test::candidate_unavailable(std::get<0>(GetParam())); !why.empty())
       GTEST_SKIP() << why;
   }
 };
@@ -336,7 +304,7 @@ void PrintTo(const ControlCase& c, std::ostream* os) {
 class MutationControlTest : public ::testing::TestWithParam<std::tuple<std::string, ControlCase>> {
  protected:
   void SetUp() override {
-    if (const std::string why = unavailable(std::get<0>(GetParam())); !why.empty())
+    if (const std::string why = test::candidate_unavailable(std::get<0>(GetParam())); !why.empty())
       GTEST_SKIP() << why;
   }
 };

@@ -30,20 +30,11 @@ nlohmann::json read_json(const fs::path& p) {
 // where this build has one and a GPU is present (the same assertions, not weaker ones).
 const std::vector<std::string> kCandidates = {"cpu-f32", "hip"};
 
-// Why `candidate` cannot run here, or "" when it can.
-std::string unavailable(const std::string& candidate) {
-  if (candidate != "hip") return "";
-#ifdef PARITY_HAVE_DEVICE
-  return device_available() ? "" : "no GPU: " + device_unavailable_reason();
-#else
-  return "this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)";
-#endif
-}
 
 class CandidateTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (const std::string why = unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
+    if (const std::string why = test::candidate_unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
 };
 
@@ -130,7 +121,7 @@ TEST(ParityTrace, TokenAtPositionAfterPrefixTracesOnlyThatPosition) {
 class InjectionTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
   void SetUp() override {
-    if (const std::string why = unavailable(std::get<0>(GetParam())); !why.empty())
+    if (const std::string why = test::candidate_unavailable(std::get<0>(GetParam())); !why.empty())
       GTEST_SKIP() << why;
   }
 };

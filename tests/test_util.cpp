@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "model/synth.h"
+#ifdef PARITY_HAVE_DEVICE
+#include "device/hip_backend.h"
+#endif
 
 namespace parity::test {
 
@@ -67,6 +70,15 @@ const std::string& tiny_model_dir() {
     return d;
   }();
   return dir;
+}
+
+std::string candidate_unavailable(const std::string& name) {
+  if (name != "hip") return "";
+#ifdef PARITY_HAVE_DEVICE
+  return device_available() ? "" : "no GPU: " + device_unavailable_reason();
+#else
+  return "this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)";
+#endif
 }
 
 ToolResult run_tool(const std::string& tool, const std::string& args) {

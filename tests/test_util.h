@@ -16,6 +16,10 @@ const std::string& tiny_model_dir();
 // A fresh empty directory under the system temp dir, removed at process exit.
 std::string temp_dir(const std::string& tag);
 
+// Why candidate backend `name` cannot run in this build and on this machine ("hip" without a
+// device backend or a GPU), or "" when it can: the reason a device test skips with.
+std::string candidate_unavailable(const std::string& name);
+
 struct ToolResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together

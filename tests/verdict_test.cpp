@@ -15,6 +15,7 @@
 #include "model/synth.h"
 #include "reference/cpu_backend.h"
 #include "tests/test_util.h"
+#include "tools/common.h"
 #include "tracer/differ.h"
 #include "tracer/report.h"
 
@@ -29,25 +30,11 @@ DiffResult trace_and_diff(const Model& m, const std::vector<int32_t>& tokens,
   const std::string dir = test::temp_dir(tag);
   auto ref = make_reference_backend(m);
   auto cand = make_cpu_f32_backend(m);
-  auto meta = [&](const Backend& b) {
-    TraceMeta t;
-    t.backend = b.name();
-    t.precision = b.precision();
-    t.precision_policy = b.precision_policy();
-    t.config = m.config.to_json();
-    t.fingerprint = m.fingerprint;
-    return t;
-  };
-  TraceMeta cm = meta(*cand);
-  cm.replay = true;
-  TraceWriter rw(dir + "/reference.h5", meta(*ref)), cw(dir + "/candidate.h5", cm);
   LockstepOptions o;
   o.prompt = tokens;
   o.traced = traced;
   o.step_rows = 128;
-  run_lockstep(*ref, *cand, &rw, &cw, o);
-  rw.finish();
-  cw.finish();
+  trace_lockstep(*ref, *cand, m, o, dir + "/reference.h5", dir + "/candidate.h5");
   return diff_traces(TraceReader(dir + "/candidate.h5"), TraceReader(dir + "/reference.h5"),
                      Criterion::derived());
 }

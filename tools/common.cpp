@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "model/error.h"
 #include "model/synth.h"
 #include "reference/cpu_backend.h"
+#include "tools/version.h"
 #ifdef PARITY_HAVE_DEVICE
 #include "device/hip_backend.h"
 #endif
@@ -85,6 +87,70 @@ std::string iso8601_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
+}
+
+TraceMeta trace_meta(const Backend& backend, const Model& model) {
+  TraceMeta meta;
+  meta.backend = backend.name();
+  meta.precision = backend.precision();
+  meta.precision_policy = backend.precision_policy();
+  meta.config = model.config.to_json();
+  meta.fingerprint = model.fingerprint;
+  meta.model_dir = model.dir;
+  meta.tool_version = PARITY_VERSION;
+  meta.commit = PARITY_COMMIT;
+  meta.device = backend.facts();
+  meta.created = iso8601_now();
+  return meta;
+}
+
+LockstepResult trace_lockstep(Backend& reference, Backend& candidate, const Model& model,
+                              const LockstepOptions& options, const std::string& reference_path,
+                              const std::string& candidate_path, const nlohmann::json& run_facts) {
+  TraceMeta ref_meta = trace_meta(reference, model), cand_meta = trace_meta(candidate, model);
+  ref_meta.run = cand_meta.run = run_facts;
+  cand_meta.replay = options.replay;
+  if (options.injection != nullptr) cand_meta.device["injected_fault"] = options.injection->str();
+  TraceWriter ref_writer(reference_path, ref_meta);
+  TraceWriter cand_writer(candidate_path, cand_meta);
+  LockstepResult run = run_lockstep(reference, candidate, &ref_writer, &cand_writer, options);
+  std::vector<int32_t> positions(run.tokens.size());
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
+  ref_writer.set_tokens(run.tokens, positions);
+  cand_writer.set_tokens(run.tokens, positions);
+  ref_writer.finish();
+  cand_writer.finish();
+  return run;
+}
+
+Criterion criterion_from_flags(const CriterionFlags& f) {
+  Criterion criterion;
+  if (f.explicit_abs_rel || !f.profile.empty() || f.tolerance != "derived") {
+    Tolerance tol = f.explicit_abs_rel
+                        ? Tolerance::absolute_relative(f.atol, f.rtol)
+                        : tolerance_profile(f.profile.empty() ? f.tolerance : f.profile);
+    for (const auto& text : f.stage_tolerances) {
+      const auto [stage, t] = parse_stage_tolerance(text);
+      tol.set_override(stage, t);
+    }
+    criterion = Criterion::fixed(tol);
+  } else {
+    if (!f.stage_tolerances.empty())
+      fail("--stage-tol sets a fixed tolerance: give it with --profile or --atol/--rtol");
+    if (!(std::isfinite(f.lambda) && f.lambda > 0)) fail("--lambda {}: must be positive", f.lambda);
+    if (!(std::isfinite(f.safety) && f.safety > 0))
+      fail("--bound-safety {}: must be positive", f.safety);
+    BoundOptions bo;
+    bo.lambda = f.lambda;
+    bo.safety = f.safety;
+    criterion = Criterion::derived(bo);
+  }
+  if (!f.judge.empty()) {
+    if (f.judge != "local" && f.judge != "accumulated")
+      fail("--judge {}: local or accumulated", f.judge);
+    criterion.judge = f.judge == "local" ? Judge::local : Judge::accumulated;
+  }
+  return criterion;
 }
 
 }  // namespace parity

@@ -7,6 +7,9 @@
 
 #include "model/backend.h"
 #include "model/checkpoint.h"
+#include "model/lockstep.h"
+#include "tracer/differ.h"
+#include "tracer/trace_file.h"
 
 namespace parity {
 
@@ -26,5 +29,33 @@ std::string default_candidate();  // hip when a device is present, else cpu-f32
 int guarded_main(const char* tool, const std::function<int()>& body);
 
 std::string iso8601_now();
+
+// A trace's metadata from the backend that writes it and the model it runs: backend name,
+// precision (text and policy), config, checkpoint fingerprint, model directory, device facts,
+// tool version, commit, creation time.
+TraceMeta trace_meta(const Backend& backend, const Model& model);
+
+// run_lockstep with a TraceWriter on each side, both traces finished (with the run's tokens,
+// generated ones included) and in place when it returns; `run_facts` goes into both traces'
+// `run` attribute.
+LockstepResult trace_lockstep(Backend& reference, Backend& candidate, const Model& model,
+                              const LockstepOptions& options, const std::string& reference_path,
+                              const std::string& candidate_path,
+                              const nlohmann::json& run_facts = nlohmann::json::object());
+
+// The criterion of the command-line flags shared by parity-trace and parity-diff: a fixed
+// tolerance when --atol/--rtol, --profile or a profile name as --tolerance is given (with the
+// --stage-tol overrides), else the derived bounds with --lambda and --bound-safety; --judge.
+// Throws parity::Error on a bad value.
+struct CriterionFlags {
+  std::string tolerance = "derived";  // "derived" or a profile name
+  std::string profile;                // a profile name, or empty
+  bool explicit_abs_rel = false;
+  double atol = 0, rtol = 0;
+  std::vector<std::string> stage_tolerances;  // STAGE=ATOL,RTOL
+  double lambda = BoundOptions{}.lambda, safety = 1;
+  std::string judge;  // "local", "accumulated" or empty
+};
+Criterion criterion_from_flags(const CriterionFlags& flags);
 
 }  // namespace parity

@@ -52,32 +52,31 @@ int diff_main(int argc, char** argv) {
       "side differs.\n"
       "Exit: 0 no differences, 1 differences, 2 error (unreadable or foreign file, different "
       "models)."};
-  std::string a_path, b_path, tolerance = "derived", profile, report = "text", output, judge;
-  std::vector<std::string> stage_tolerances;
-  double atol = 0, rtol = 0, lambda = BoundOptions{}.lambda, safety = 1;
+  std::string a_path, b_path, report = "text", output;
+  CriterionFlags cf;
   bool quiet = false;
   int count = 10;
   app.add_option("A", a_path, "candidate trace (.h5)")->required();
   app.add_option("B", b_path, "reference trace (.h5); relative error is taken against B")->required();
-  auto* o_atol = app.add_option("--atol", atol, "absolute tolerance (with --rtol, instead of --profile)");
-  auto* o_rtol = app.add_option("--rtol", rtol, "relative tolerance (with --atol, instead of --profile)");
+  auto* o_atol = app.add_option("--atol", cf.atol, "absolute tolerance (with --rtol, instead of --profile)");
+  auto* o_rtol = app.add_option("--rtol", cf.rtol, "relative tolerance (with --atol, instead of --profile)");
   o_atol->needs(o_rtol);
   o_rtol->needs(o_atol);
-  auto* o_tol = app.add_option("--tolerance", tolerance,
+  auto* o_tol = app.add_option("--tolerance", cf.tolerance,
                                "derived, or a fixed profile name: " + profile_names())
                     ->capture_default_str();
-  auto* o_profile = app.add_option("--profile", profile, "a fixed tolerance profile: " + profile_names())
+  app.add_option("--profile", cf.profile, "a fixed tolerance profile: " + profile_names())
                         ->excludes(o_atol)
                         ->excludes(o_rtol)
                         ->excludes(o_tol);
   o_tol->excludes(o_atol);
-  app.add_option("--stage-tol", stage_tolerances,
+  app.add_option("--stage-tol", cf.stage_tolerances,
                  "per-stage fixed tolerance STAGE=ATOL,RTOL (repeatable, with --profile or "
                  "--atol/--rtol), e.g. logits=1e-4,1e-3");
-  app.add_option("--lambda", lambda, "probabilistic factor of the derived bounds of sums")
+  app.add_option("--lambda", cf.lambda, "probabilistic factor of the derived bounds of sums")
       ->capture_default_str();
-  app.add_option("--bound-safety", safety, "multiplies every derived bound")->capture_default_str();
-  app.add_option("--judge", judge,
+  app.add_option("--bound-safety", cf.safety, "multiplies every derived bound")->capture_default_str();
+  app.add_option("--judge", cf.judge,
                  "local (default when A has replay datasets) or accumulated: which error decides")
       ->check(CLI::IsMember({"local", "accumulated"}));
   app.add_option("--report", report, "report format: text, json, junit, html")
@@ -94,27 +93,8 @@ int diff_main(int argc, char** argv) {
     return app.exit(e) == 0 ? kExitOk : kExitError;
   }
 
-  Criterion criterion;
-  const bool fixed = o_atol->count() > 0 || o_profile->count() > 0 || tolerance != "derived";
-  if (fixed) {
-    Tolerance tol = o_atol->count() > 0 ? Tolerance::absolute_relative(atol, rtol)
-                                        : tolerance_profile(profile.empty() ? tolerance : profile);
-    for (const auto& text : stage_tolerances) {
-      const auto [stage, t] = parse_stage_tolerance(text);
-      tol.set_override(stage, t);
-    }
-    criterion = Criterion::fixed(tol);
-  } else {
-    if (!stage_tolerances.empty())
-      fail("--stage-tol sets a fixed tolerance: give it with --profile or --atol/--rtol");
-    if (!(std::isfinite(lambda) && lambda > 0)) fail("--lambda {}: must be positive", lambda);
-    if (!(std::isfinite(safety) && safety > 0)) fail("--bound-safety {}: must be positive", safety);
-    BoundOptions bo;
-    bo.lambda = lambda;
-    bo.safety = safety;
-    criterion = Criterion::derived(bo);
-  }
-  if (!judge.empty()) criterion.judge = judge == "local" ? Judge::local : Judge::accumulated;
+  cf.explicit_abs_rel = o_atol->count() > 0;
+  const Criterion criterion = criterion_from_flags(cf);
   const ReportFormat format = parse_report_format(report);
 
   const TraceReader a(a_path), b(b_path);

@@ -39,22 +39,6 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-TraceMeta trace_meta(const Backend& backend, const Model& model, const nlohmann::json& run) {
-  TraceMeta meta;
-  meta.backend = backend.name();
-  meta.precision = backend.precision();
-  meta.precision_policy = backend.precision_policy();
-  meta.config = model.config.to_json();
-  meta.fingerprint = model.fingerprint;
-  meta.model_dir = model.dir;
-  meta.tool_version = PARITY_VERSION;
-  meta.commit = PARITY_COMMIT;
-  meta.device = backend.facts();
-  meta.created = iso8601_now();
-  meta.run = run;
-  return meta;
-}
-
 void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = fmt::format("{}.tmp-{}", path.string(), ::getpid());
   {
@@ -94,10 +78,9 @@ int trace_main(int argc, char** argv) {
       "lockstep, trace both into HDF5, replay every candidate stage on the reference's inputs, "
       "and name the first stage whose own (local) error exceeds its derived bound.\n"
       "Exit: 0 within the bounds, 1 diverged, 2 error."};
-  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, tolerance = "derived",
-              profile, judge, out;
+  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, out;
   int token = -1, pos = -1, step_rows = 64, generate = 0;
-  double atol = -1, rtol = -1, lambda = BoundOptions{}.lambda, safety = 1;
+  CriterionFlags cf;
   bool no_replay = false, free_run = false;
   app.add_option("--model", model, "checkpoint directory, or preset tiny|20b|120b")
       ->capture_default_str();
@@ -127,23 +110,24 @@ int trace_main(int argc, char** argv) {
   app.add_flag("--no-replay", no_replay,
                "do not replay the candidate's stages on the reference's inputs (then only the "
                "accumulated error is known, and drift can look like divergence)");
-  auto* o_tol = app.add_option("--tolerance", tolerance,
+  auto* o_tol = app.add_option("--tolerance", cf.tolerance,
                                "derived (per-element bounds from the reference and the candidate's "
                                "precision) or a profile name: " + profile_names())
                     ->capture_default_str();
   auto* o_profile =
-      app.add_option("--profile", profile, "a fixed tolerance profile: " + profile_names());
+      app.add_option("--profile", cf.profile, "a fixed tolerance profile: " + profile_names());
   auto* o_atol =
-      app.add_option("--atol", atol, "fixed absolute tolerance (with --rtol; replaces the bounds)");
-  auto* o_rtol = app.add_option("--rtol", rtol, "fixed relative tolerance (with --atol)");
+      app.add_option("--atol", cf.atol, "fixed absolute tolerance (with --rtol; replaces the bounds)");
+  auto* o_rtol = app.add_option("--rtol", cf.rtol, "fixed relative tolerance (with --atol)");
   o_atol->needs(o_rtol);
   o_rtol->needs(o_atol);
   o_profile->excludes(o_atol)->excludes(o_tol);
   o_tol->excludes(o_atol);
-  app.add_option("--lambda", lambda, "probabilistic factor of the derived bounds of sums")
+  app.add_option("--lambda", cf.lambda, "probabilistic factor of the derived bounds of sums")
       ->capture_default_str();
-  app.add_option("--bound-safety", safety, "multiplies every derived bound")->capture_default_str();
-  app.add_option("--judge", judge,
+  app.add_option("--bound-safety", cf.safety, "multiplies every derived bound")
+      ->capture_default_str();
+  app.add_option("--judge", cf.judge,
                  "local (default with replay) or accumulated: which error decides")
       ->check(CLI::IsMember({"local", "accumulated"}));
   app.add_option("--step", step_rows, "prompt rows per forward step (prefill batch size)")
@@ -162,22 +146,8 @@ int trace_main(int argc, char** argv) {
   if (candidate.empty()) candidate = default_candidate();
 
   // The criterion, checked before any work.
-  Criterion criterion;
-  if (o_atol->count() > 0) {
-    criterion = Criterion::fixed(Tolerance::absolute_relative(atol, rtol));
-  } else if (!profile.empty()) {
-    criterion = Criterion::fixed(tolerance_profile(profile));
-  } else if (tolerance != "derived") {
-    criterion = Criterion::fixed(tolerance_profile(tolerance));
-  } else {
-    if (!(std::isfinite(lambda) && lambda > 0)) fail("--lambda {}: must be positive", lambda);
-    if (!(std::isfinite(safety) && safety > 0)) fail("--bound-safety {}: must be positive", safety);
-    BoundOptions bo;
-    bo.lambda = lambda;
-    bo.safety = safety;
-    criterion = Criterion::derived(bo);
-  }
-  if (!judge.empty()) criterion.judge = judge == "local" ? Judge::local : Judge::accumulated;
+  cf.explicit_abs_rel = o_atol->count() > 0;
+  const Criterion criterion = criterion_from_flags(cf);
   if (criterion.judge == Judge::local && no_replay)
     fail("--judge local needs the replay that --no-replay turns off");
 
@@ -236,29 +206,17 @@ int trace_main(int argc, char** argv) {
                                     {"free_run", lo.free_run},
                                     {"step_rows", lo.step_rows},
                                     {"injected_fault", inj ? nlohmann::json(inj->str()) : nlohmann::json(nullptr)}};
-  TraceMeta ref_meta = trace_meta(*reference, *m, run_facts);
-  TraceMeta cand_meta = trace_meta(*cand, *m, run_facts);
-  cand_meta.replay = lo.replay;
-  if (inj) cand_meta.device["injected_fault"] = inj->str();
-  TraceWriter ref_writer(ref_path.string(), ref_meta);
-  TraceWriter cand_writer(cand_path.string(), cand_meta);
-
   t0 = std::chrono::steady_clock::now();
-  const LockstepResult run = run_lockstep(*reference, *cand, &ref_writer, &cand_writer, lo);
+  const LockstepResult run = trace_lockstep(*reference, *cand, *m, lo, ref_path.string(),
+                                            cand_path.string(), run_facts);
   const double run_seconds = since(t0);
-  std::vector<int32_t> positions(run.tokens.size());
-  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
-  ref_writer.set_tokens(run.tokens, positions);
-  cand_writer.set_tokens(run.tokens, positions);
-  ref_writer.finish();
-  cand_writer.finish();
   phases.push_back({"reference", run.reference_seconds});
   phases.push_back({"candidate (" + cand->name() + (lo.replay ? ", with replay rows" : "") + ")",
                     run.candidate_seconds});
   if (lo.replay) phases.push_back({"replay forcing", run.forcing_seconds});
-  phases.push_back({"tracing", run.tracing_seconds + (run_seconds - run.reference_seconds -
-                                                      run.candidate_seconds - run.forcing_seconds -
-                                                      run.tracing_seconds)});
+  // Tracing: reading and writing the traced rows, and finishing the files.
+  phases.push_back({"tracing", run_seconds - run.reference_seconds - run.candidate_seconds -
+                                   run.forcing_seconds});
 
   t0 = std::chrono::steady_clock::now();
   TraceReader a(cand_path.string()), b(ref_path.string());
