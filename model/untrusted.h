@@ -1,0 +1,36 @@
+// Reading what comes from outside: files, JSON, text in error messages. Every reader of user
+// input goes through these, so that a hostile or broken input gets one clear line (naming the
+// file and what is wrong) and never a hang, a crash or an unbounded allocation.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace parity {
+
+// Untrusted text for an error line: control characters and non-ASCII bytes escaped (\n, \x1b,
+// ...), at most `cap` characters of the original, then "... (N more bytes)"; in double quotes.
+std::string quoted(std::string_view untrusted, size_t cap = 80);
+
+// Throws parity::Error unless `path` names a regular file (not a directory, FIFO, socket or
+// device; a symbolic link is followed) of at most max_bytes; `what` says what the file is for
+// ("config", "shard", "trace"). Returns its size.
+uint64_t require_regular_file(const std::string& path, uint64_t max_bytes, std::string_view what);
+
+// The whole file, after require_regular_file; a read error is an Error naming the file.
+std::string read_small_file(const std::string& path, uint64_t max_bytes, std::string_view what);
+
+// JSON from untrusted text: nesting deeper than max_depth, a number out of double's range
+// (1e400), or invalid syntax is one Error naming `source` and the byte offset; nothing is echoed
+// whole.
+inline constexpr int kMaxJsonDepth = 64;
+nlohmann::json parse_json(std::string_view text, const std::string& source,
+                          int max_depth = kMaxJsonDepth);
+
+// a * b and a + b for sizes, or an Error naming `what` when the result does not fit in int64.
+int64_t checked_mul(int64_t a, int64_t b, std::string_view what);
+int64_t checked_add(int64_t a, int64_t b, std::string_view what);
+
+}  // namespace parity
