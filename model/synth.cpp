@@ -615,16 +615,21 @@ std::string shard_name(int i, int n) {
 // Writes `text` to path via a temporary name, so the file appears only when complete.
 void write_text_file(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".partial";
+  auto give_up = [&](const std::string& what) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);  // a failed write leaves nothing behind
+    fail("{}: {}", tmp.string(), what);
+  };
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("{}: cannot create ({})", tmp.string(), std::strerror(errno));
+    if (!out) give_up(fmt::format("cannot create ({})", std::strerror(errno)));
     out << text;
     out.close();
-    if (!out) fail("{}: write failed ({})", tmp.string(), std::strerror(errno));
+    if (!out) give_up(fmt::format("write failed ({})", std::strerror(errno)));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) fail("{}: cannot rename into place ({})", path.string(), ec.message());
+  if (ec) give_up(fmt::format("cannot rename into place ({})", ec.message()));
 }
 
 void remove_file(const fs::path& p) {

@@ -11,7 +11,7 @@
 
 namespace parity {
 
-std::string quoted(std::string_view s, size_t cap) {
+std::string Quoted::operator()(std::string_view s, size_t cap) const {
   std::string out = "\"";
   const size_t n = std::min(s.size(), cap);
   for (size_t i = 0; i < n; ++i) {
@@ -31,6 +31,24 @@ std::string quoted(std::string_view s, size_t cap) {
   }
   out += "\"";
   if (s.size() > n) out += fmt::format("... ({} more bytes)", s.size() - n);
+  return out;
+}
+
+std::string one_line(std::string_view m, size_t cap) {
+  std::string out;
+  const size_t n = std::min(m.size(), cap);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(m[i]);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += char(c);
+  }
+  if (m.size() > n) out += fmt::format("... ({} more bytes)", m.size() - n);
   return out;
 }
 

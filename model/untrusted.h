@@ -12,7 +12,16 @@ namespace parity {
 
 // Untrusted text for an error line: control characters and non-ASCII bytes escaped (\n, \x1b,
 // ...), at most `cap` characters of the original, then "... (N more bytes)"; in double quotes.
-std::string quoted(std::string_view untrusted, size_t cap = 80);
+// A function object, not a function, so that a call with a std::string never finds std::quoted
+// by argument-dependent lookup.
+struct Quoted {
+  std::string operator()(std::string_view untrusted, size_t cap = 80) const;
+};
+inline constexpr Quoted quoted{};
+
+// A message as one line: control characters (newlines, escapes) written as \n, \x1b, ...; longer
+// than `cap` bytes, cut there with "... (N more bytes)". Printable text, UTF-8 included, is kept.
+std::string one_line(std::string_view message, size_t cap = 4000);
 
 // Throws parity::Error unless `path` names a regular file (not a directory, FIFO, socket or
 // device; a symbolic link is followed) of at most max_bytes; `what` says what the file is for

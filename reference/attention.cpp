@@ -8,11 +8,8 @@
 
 namespace parity::ref {
 namespace {
-// Below this many multiply-adds a row's heads run on one thread: a parallel region costs more
-// than the work (the tiny models, short prefixes).
-constexpr int64_t kParallelWork = int64_t(1) << 16;
 bool worth_threads(int n_heads, int pos, int d) {
-  return int64_t(n_heads) * (pos + 1) * d >= kParallelWork;
+  return ref::worth_threads(int64_t(n_heads) * (pos + 1) * d);
 }
 }  // namespace
 

@@ -70,6 +70,11 @@ class CpuBackend final : public Backend {
 
   void run(Stage s, int layer) override {
     const int B = batch_.rows();
+    int max_pos = 0;
+    for (int32_t p : batch_.positions) max_pos = std::max(max_pos, int(p));
+    // Attention over the step's rows in parallel when there is enough of it (see kParallelMacs).
+    const bool rows_in_parallel =
+        B > 1 && ref::worth_threads(int64_t(B) * c_.num_attention_heads * (max_pos + 1) * c_.head_dim);
     const int H = c_.hidden_size, d = c_.head_dim, nH = c_.num_attention_heads,
               nKV = c_.num_key_value_heads, k = c_.num_experts_per_tok, I = c_.intermediate_size;
     const LayerWeights* lw = layer >= 0 ? &m_.layers[size_t(layer)] : nullptr;
@@ -132,7 +137,7 @@ class CpuBackend final : public Backend {
         // Rows in parallel when the step has several (each row's heads then run on one
         // thread; a single row runs its heads in parallel inside the op). One thread computes
         // each element in a fixed order either way.
-#pragma omp parallel for schedule(dynamic) if (B > 1)
+#pragma omp parallel for schedule(dynamic) if (rows_in_parallel)
         for (int r = 0; r < B; ++r) {
           const int pos = batch_.positions[size_t(r)];
           ref::attention_scores(
@@ -141,14 +146,14 @@ class CpuBackend final : public Backend {
         }
         break;
       case Stage::att:
-#pragma omp parallel for schedule(dynamic) if (B > 1)
+#pragma omp parallel for schedule(dynamic) if (rows_in_parallel)
         for (int r = 0; r < B; ++r) {
           const int cols = batch_.positions[size_t(r)] + 2;
           ref::softmax_with_sink(get(Stage::scores, r), nH, cols, alloc(s, r, nH * cols));
         }
         break;
       case Stage::attn_out:
-#pragma omp parallel for schedule(dynamic) if (B > 1)
+#pragma omp parallel for schedule(dynamic) if (rows_in_parallel)
         for (int r = 0; r < B; ++r)
           ref::attention_output(get(Stage::att, r),
                                 caches_.at(batch_.seqs[size_t(r)]).v[size_t(layer)].data(), nH,

@@ -169,7 +169,7 @@ void expert_linear_batch(const ExpertLinear& w, std::span<const ExpertJob<T>> jo
   const Simd simd = widest_simd();
   const int blocks_per_expert = (out + kRowsPerWorkItem - 1) / kRowsPerWorkItem;
   const int items = int(groups.size()) * blocks_per_expert;
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(int64_t(out) * in * int64_t(jobs.size())))
   {
     std::vector<T> rows(size_t(kRowsPerWorkItem) * size_t(in)),
         dots(size_t(kRowsPerWorkItem) * size_t(largest_group));
@@ -201,7 +201,7 @@ void expert_linear_magnitude(const ExpertLinear& w, int expert, const double* x,
                "expert_linear_magnitude: expert {} is outside 0..{}", expert, w.experts - 1);
   std::vector<double> bias(size_t(w.out));
   read_row(*w.bias, expert, w.out, bias.data());
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(int64_t(w.out) * w.in))
   {
     std::vector<double> row(static_cast<size_t>(w.in));
 #pragma omp for schedule(static)

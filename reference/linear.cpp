@@ -108,7 +108,7 @@ void linear(const Linear& w, const T* x, int batch, T* y) {
   const Simd simd = widest_simd();
   const int block_rows = rows_per_block(batch);
   const int blocks = (out + block_rows - 1) / block_rows;
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(int64_t(out) * in * batch))
   {
     std::vector<T> rows(size_t(block_rows) * size_t(in)), dots(size_t(block_rows) * size_t(batch));
     const T* row_ptrs[kRowsPerBlock];
@@ -131,7 +131,7 @@ void linear_magnitude(const Linear& w, const double* x, double* m) {
   const int out = w.out, in = w.in;
   std::vector<double> bias(size_t(out), 0.0);
   if (w.bias != nullptr) read_vector(*w.bias, bias.data());
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(int64_t(out) * in))
   {
     std::vector<double> row(static_cast<size_t>(in));
 #pragma omp for schedule(static)

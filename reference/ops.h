@@ -11,6 +11,13 @@
 
 namespace parity::ref {
 
+// Below this many multiply-adds an op runs on one thread: a parallel region costs a few
+// microseconds, more than the work of the small models and short rows, and far more when
+// another process holds a core. Results do not depend on it (one thread computes each element
+// in a fixed order either way).
+inline constexpr int64_t kParallelMacs = int64_t(1) << 17;
+constexpr bool worth_threads(int64_t macs) { return macs >= kParallelMacs; }
+
 // sum_i a[i] b[i] in a fixed order: 8 interleaved partial sums (lane l takes i = l mod 8),
 // combined as ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)). Vectorizes without reassociation.
 template <typename T>

@@ -28,6 +28,11 @@ TEST(Untrusted, QuotedEscapesAndCaps) {
   EXPECT_EQ(quoted("\xc3\xa9"), "\"\\xc3\\xa9\"");
 }
 
+TEST(Untrusted, OneLineEscapesControlCharactersOnly) {
+  EXPECT_EQ(one_line("a.h5: bad\nline \"x\" \xc3\x97"), "a.h5: bad\\nline \"x\" \xc3\x97");
+  EXPECT_EQ(one_line(std::string(10, 'y'), 4), "yyyy... (6 more bytes)");
+}
+
 TEST(Untrusted, RegularFilesOnly) {
   const std::string dir = test::temp_dir("untrusted");
   const std::string file = dir + "/f.json", fifo = dir + "/fifo";

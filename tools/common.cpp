@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
@@ -12,6 +15,7 @@
 #include "model/error.h"
 #include "model/synth.h"
 #include "reference/cpu_backend.h"
+#include "model/untrusted.h"
 #include "tools/version.h"
 #ifdef PARITY_HAVE_DEVICE
 #include "device/hip_backend.h"
@@ -53,15 +57,19 @@ std::string resolve_model(const std::string& model, const std::string& models_di
        model, path.string(), model, path.string());
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model) {
+std::unique_ptr<Backend> make_backend(const std::string& name_given, const Model& model) {
+  // The device backend is written in HIP and runs on AMD and NVIDIA: cuda and gpu name it too.
+  const std::string name = name_given == "cuda" || name_given == "gpu" ? "hip" : name_given;
   if (name == "reference") return make_reference_backend(model);
   if (name == "cpu-f32") return make_cpu_f32_backend(model);
 #ifdef PARITY_HAVE_DEVICE
   if (name == "hip") return make_hip_backend(model);
 #endif
   if (name == "hip")
-    fail("backend hip: this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)");
-  fail("unknown backend \"{}\" (reference, cpu-f32, hip)", name);
+    fail("backend {}: this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)",
+         name_given);
+  fail("unknown backend {} (reference, cpu-f32, hip; cuda and gpu are names of hip)",
+       quoted(name_given, 40));
 }
 
 std::string default_candidate() {
@@ -71,15 +79,45 @@ std::string default_candidate() {
   return "cpu-f32";
 }
 
+namespace {
+// An error line stays one line of bounded length whatever it quotes (a file name with a
+// newline, a 100 KB argument).
+std::string error_line(const char* tool, std::string_view what) {
+  return fmt::format("{}: error: {}", tool, one_line(what, 2000));
+}
+}  // namespace
+
+void prefer_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+}
+
 int guarded_main(const char* tool, const std::function<int()>& body) {
   try {
     return body();
   } catch (const Error& e) {
-    std::cerr << tool << ": error: " << e.what() << "\n";
+    std::cerr << error_line(tool, e.what()) << "\n";
   } catch (const std::exception& e) {
-    std::cerr << tool << ": error: " << e.what() << "\n";
+    std::cerr << error_line(tool, e.what()) << "\n";
   }
   return kExitError;
+}
+
+std::optional<int> parse_command_line(CLI::App& app, const char* tool, int argc, char** argv) {
+  app.set_version_flag("--version", fmt::format("{} {} (commit {}; {})", tool, PARITY_VERSION,
+                                                PARITY_COMMIT, PARITY_BUILD));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {  // --help, --version
+      app.exit(e);
+      return kExitOk;
+    }
+    std::cerr << error_line(tool, std::string(e.what()) + " (see --help)") << "\n";
+    return kExitError;
+  }
+  return std::nullopt;
 }
 
 std::string iso8601_now() {
@@ -87,6 +125,32 @@ std::string iso8601_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
+}
+
+void write_file_atomically(const std::string& path, std::string_view text) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st)) {
+    if (fs::is_directory(st)) fail("{}: is a directory; give a file name to write to", path);
+    if (!fs::is_regular_file(st)) fail("{}: exists and is not a regular file; not replacing it", path);
+  }
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  auto give_up = [&](const std::string& what) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    fail("{}: {}", path, what);
+  };
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) give_up(fmt::format("cannot create {} ({})", tmp, std::strerror(errno)));
+    out.write(text.data(), std::streamsize(text.size()));
+    out.flush();
+    if (!out) give_up(fmt::format("writing failed ({})", std::strerror(errno)));
+    out.close();
+    if (!out) give_up(fmt::format("writing failed ({})", std::strerror(errno)));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) give_up(fmt::format("cannot move {} into place ({})", tmp, ec.message()));
 }
 
 TraceMeta trace_meta(const Backend& backend, const Model& model) {

@@ -1,8 +1,10 @@
 // Helpers shared by the CLI mains: model resolution (directory or preset), backend creation,
 // and the error boundary that turns every parity::Error into one line and exit code 2.
 #pragma once
+#include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "model/backend.h"
@@ -21,14 +23,31 @@ inline constexpr int kExitOk = 0, kExitDiverged = 1, kExitError = 2;
 // on first use (a few seconds), so `--model tiny` works with no setup.
 std::string resolve_model(const std::string& model, const std::string& models_dir_flag);
 
-// "reference", "cpu-f32", "hip" (when built with a device backend).
+// "reference", "cpu-f32", "hip" (when built with a device backend; "cuda" and "gpu" name it too).
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model);
 std::string default_candidate();  // hip when a device is present, else cpu-f32
 
-// Runs body(); parity::Error and std::exception become "<tool>: error: ..." and exit 2.
+// OpenMP workers that wait actively at barriers spin while another process holds the cores,
+// which made a two-thread step hundreds of times slower on a busy machine. libgomp reads its
+// wait policy only at startup, so when OMP_WAIT_POLICY is unset this re-executes the tool with
+// it set to passive (a user's own setting is kept). Called first in every tool's main().
+void prefer_passive_openmp_wait(char** argv);
+
+// Runs body(); parity::Error and std::exception become one line "<tool>: error: ..." (control
+// characters escaped, capped) and exit 2.
 int guarded_main(const char* tool, const std::function<int()>& body);
 
+// Adds --version (version, commit, build) to the app, parses argv, and handles the outcome:
+// nullopt to go on; kExitOk after --help or --version; kExitError after a bad command line, with
+// one line "<tool>: error: <what> (see --help)".
+std::optional<int> parse_command_line(CLI::App& app, const char* tool, int argc, char** argv);
+
 std::string iso8601_now();
+
+// Writes `text` to `path` as a whole or not at all: into a temporary file beside it, then
+// renamed into place. Refuses a path that exists and is not a regular file (a directory, a
+// device node); on any failure the temporary file is removed and the error names the path.
+void write_file_atomically(const std::string& path, std::string_view text);
 
 // A trace's metadata from the backend that writes it and the model it runs: backend name,
 // precision (text and policy), config, checkpoint fingerprint, model directory, device facts,

@@ -57,11 +57,7 @@ int bench_main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first (then the cache restarts at 0)")
       ->capture_default_str();
   app.add_flag("-q,--quiet", quiet, "print only the first position and the summary");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? kExitOk : kExitError;
-  }
+  if (const auto done = parse_command_line(app, "parity-bench", argc, argv)) return *done;
   auto t0 = std::chrono::steady_clock::now();
   auto m = Model::load(resolve_model(model, models_dir));
   auto b = make_backend(backend_name, *m);
@@ -118,5 +114,6 @@ int bench_main(int argc, char** argv) {
 }  // namespace parity
 
 int main(int argc, char** argv) {
+  parity::prefer_passive_openmp_wait(argv);
   return parity::guarded_main("parity-bench", [&] { return parity::bench_main(argc, argv); });
 }

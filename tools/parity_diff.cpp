@@ -20,28 +20,6 @@ namespace parity {
 namespace {
 namespace fs = std::filesystem;
 
-// Written beside and renamed into place: a reader never sees half a report.
-void write_report(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) fail("{}: cannot write the report (does the directory exist?)", path);
-    out << text;
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail("{}: writing the report failed", path);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    fail("{}: cannot move the report into place ({})", path, ec.message());
-  }
-}
-
 int diff_main(int argc, char** argv) {
   CLI::App app{
       "parity-diff: compare two gpt-oss-parity traces, as h5diff does.\n"
@@ -87,11 +65,7 @@ int diff_main(int argc, char** argv) {
   app.add_option("-n,--count", count, "mismatching elements listed per dataset")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000000));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? kExitOk : kExitError;
-  }
+  if (const auto done = parse_command_line(app, "parity-diff", argc, argv)) return *done;
 
   cf.explicit_abs_rel = o_atol->count() > 0;
   const Criterion criterion = criterion_from_flags(cf);
@@ -104,7 +78,7 @@ int diff_main(int argc, char** argv) {
   const TextReportOptions text_options{size_t(count), quiet};
 
   if (!output.empty()) {
-    write_report(output, render_report(result, format, text_options));
+    write_file_atomically(output, render_report(result, format, text_options));
     std::cout << verdict_line(result) << "\n";
   } else if (quiet) {
     std::cout << verdict_line(result) << "\n";
@@ -120,5 +94,6 @@ int diff_main(int argc, char** argv) {
 }  // namespace parity
 
 int main(int argc, char** argv) {
+  parity::prefer_passive_openmp_wait(argv);
   return parity::guarded_main("parity-diff", [&] { return parity::diff_main(argc, argv); });
 }

@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "model/error.h"
 #include "model/forward.h"
+#include "model/untrusted.h"
 #include "tools/common.h"
 #include "tools/version.h"
 #include "tracer/trace_file.h"
@@ -24,10 +26,13 @@ using nlohmann::json;
 
 inline constexpr int kGoldenSchema = 1;
 
+// Logit files hold one number per line (blank lines skipped); at most 2^31 bytes.
+constexpr uint64_t kMaxNumbersFile = uint64_t(1) << 31;
+
 std::vector<double> read_numbers(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("{}: cannot open", path);
+  const std::string text = read_small_file(path, kMaxNumbersFile, "logits file");
   std::vector<double> v;
+  std::istringstream in(text);
   std::string line;
   int line_no = 0;
   while (std::getline(in, line)) {
@@ -38,20 +43,17 @@ std::vector<double> read_numbers(const std::string& path) {
       v.push_back(std::stod(line, &used));
       if (line.find_first_not_of(" \t\r", used) != std::string::npos) throw std::invalid_argument(line);
     } catch (const std::exception&) {
-      fail("{}:{}: \"{}\" is not a number", path, line_no, line);
+      fail("{}:{}: {} is not a number", path, line_no, quoted(line, 40));
     }
   }
+  if (v.empty()) fail("{}: holds no numbers (one number per line expected)", path);
   return v;
 }
 
 void write_numbers(const std::string& path, const std::vector<double>& v) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    for (double x : v) out << fmt::format("{:.17g}\n", x);
-    if (!out) fail("{}: write failed", tmp);
-  }
-  fs::rename(tmp, path);
+  std::string text;
+  for (double x : v) text += fmt::format("{:.17g}\n", x);
+  write_file_atomically(path, text);
 }
 
 // Compares got against ans: |got - ans| > atol + rtol |ans| is a mismatch; NaN never matches.
@@ -131,11 +133,7 @@ int golden_main(int argc, char** argv) {
   compare->add_option("--atol", atol)->capture_default_str();
   compare->add_option("--rtol", rtol)->capture_default_str();
   compare->add_option("-n,--count", max_lines, "mismatch lines printed at most")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? kExitOk : kExitError;
-  }
+  if (const auto done = parse_command_line(app, "parity-golden", argc, argv)) return *done;
 
   if (*compare)
     return compare_numbers(read_numbers(got_file), read_numbers(ans_file), atol, rtol, got_file, ans_file, max_lines);
@@ -149,12 +147,8 @@ int golden_main(int argc, char** argv) {
   const fs::path manifest_path = dir / "manifest.json", logits_path = dir / "logits.txt";
   json manifest;
   if (fs::exists(manifest_path)) {
-    std::ifstream in(manifest_path);
-    try {
-      manifest = json::parse(in);
-    } catch (const json::parse_error& e) {
-      fail("{}: not valid JSON ({})", manifest_path.string(), e.what());
-    }
+    manifest = parse_json(read_small_file(manifest_path.string(), 1 << 24, "golden manifest"),
+                          manifest_path.string());
     if (manifest.value("schema_version", 0) != kGoldenSchema)
       fail("{}: schema_version {} (this tool reads {}); regenerate with: {}", manifest_path.string(),
            manifest.value("schema_version", 0), kGoldenSchema,
@@ -184,9 +178,7 @@ int golden_main(int argc, char** argv) {
                 {"commit", PARITY_COMMIT},
                 {"created", iso8601_now()},
                 {"regenerate", fmt::format("parity-golden update --model {} --name {}", model, name)}};
-    const std::string tmp = manifest_path.string() + ".tmp";
-    std::ofstream(tmp) << out.dump(2) << "\n";
-    fs::rename(tmp, manifest_path);
+    write_file_atomically(manifest_path.string(), out.dump(2) + "\n");
     std::cout << fmt::format("wrote {} ({} logits) and {}\n", logits_path.string(), logits.size(),
                              manifest_path.string());
     return kExitOk;
@@ -205,5 +197,6 @@ int golden_main(int argc, char** argv) {
 }  // namespace parity
 
 int main(int argc, char** argv) {
+  parity::prefer_passive_openmp_wait(argv);
   return parity::guarded_main("parity-golden", [&] { return parity::golden_main(argc, argv); });
 }

@@ -453,11 +453,7 @@ int synth_main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--progress,!--no-progress", progress,
                "progress bar on stderr (default: when it is a terminal)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? kExitOk : kExitError;
-  }
+  if (const auto done = parse_command_line(app, "parity-synth", argc, argv)) return *done;
 
   SynthSpec spec = synth_preset(preset);
   spec.seed = seed;
@@ -486,6 +482,10 @@ int synth_main(int argc, char** argv) {
   if (custom) spec.preset = "custom";
   if (shards) spec.shards = shards;
   c.validate(fmt::format("--preset {} with the given dimensions", preset));
+  // The statistics run the reference over this many positions: checked before writing anything.
+  if (positions > std::min(c.max_position_embeddings, 4096))
+    fail("--stats-positions {}: at most {} (the model's context, and 4096)", positions,
+         std::min(c.max_position_embeddings, 4096));
 
   const SynthResult r = write_synthetic_checkpoint(spec, out, progress);
   std::cout << fmt::format(
@@ -502,5 +502,6 @@ int synth_main(int argc, char** argv) {
 }  // namespace parity
 
 int main(int argc, char** argv) {
+  parity::prefer_passive_openmp_wait(argv);
   return parity::guarded_main("parity-synth", [&] { return parity::synth_main(argc, argv); });
 }

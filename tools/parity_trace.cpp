@@ -1,10 +1,14 @@
 // parity-trace: run the float64 reference and a candidate backend over one stage graph in
 // lockstep, with every candidate stage also replayed on the reference's inputs, trace both into
 // HDF5, diff them, and name the first stage whose own error exceeds its bound.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -39,20 +43,32 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = fmt::format("{}.tmp-{}", path.string(), ::getpid());
-  {
-    std::ofstream out(tmp);
-    out << text;
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail("{}: write failed", tmp.string());
+// The output directory belongs to one run at a time: two runs into one --out would read each
+// other's traces. An advisory lock on DIR/.parity-trace.lock, held until the process ends.
+class OutputLock {
+ public:
+  explicit OutputLock(const fs::path& dir) : path_((dir / ".parity-trace.lock").string()) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail("{}: cannot create the lock file ({})", path_, std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+      fail("{}: another parity-trace is writing into this directory; give each run its own --out",
+           dir.string());
     }
   }
-  fs::rename(tmp, path);
-}
+  ~OutputLock() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());  // still locked: a run starting now takes a new file
+    ::close(fd_);
+  }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 // Parses a decimal int32 list; every item must be a whole number in int32 range.
 std::vector<int32_t> parse_token_list(const std::string& text) {
@@ -96,7 +112,8 @@ int trace_main(int argc, char** argv) {
   o_pos->needs(o_token);
   app.add_option(
       "--candidate", candidate,
-      "candidate backend: cpu-f32, hip, reference (default: hip with a GPU, else cpu-f32)");
+      "candidate backend: cpu-f32, hip (also cuda, gpu), reference (default: hip with a GPU, "
+      "else cpu-f32)");
   app.add_option("--inject", inject_text,
                  "fault injection on the candidate: STAGE:LAYER[:add|nan|zero], or STAGE[:MODE] at "
                  "model scope");
@@ -121,6 +138,9 @@ int trace_main(int argc, char** argv) {
   auto* o_rtol = app.add_option("--rtol", cf.rtol, "fixed relative tolerance (with --atol)");
   o_atol->needs(o_rtol);
   o_rtol->needs(o_atol);
+  app.add_option("--stage-tol", cf.stage_tolerances,
+                 "per-stage fixed tolerance STAGE=ATOL,RTOL (repeatable, with --profile or "
+                 "--atol/--rtol), e.g. logits=1e-4,1e-3");
   o_profile->excludes(o_atol)->excludes(o_tol);
   o_tol->excludes(o_atol);
   app.add_option("--lambda", cf.lambda, "probabilistic factor of the derived bounds of sums")
@@ -136,11 +156,7 @@ int trace_main(int argc, char** argv) {
   app.add_option("--out", out,
                  "output directory for reference.h5, candidate.h5, report.txt, report.json")
       ->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? kExitOk : kExitError;
-  }
+  if (const auto done = parse_command_line(app, "parity-trace", argc, argv)) return *done;
   if (tokens_text.empty() && token < 0 && o_token->count() == 0)
     fail("give --tokens t0,t1,... or --token T --pos P");
   if (candidate.empty()) candidate = default_candidate();
@@ -196,10 +212,13 @@ int trace_main(int argc, char** argv) {
   check_lockstep(lo, *reference, *cand);
 
   fs::create_directories(out);
+  const OutputLock lock(out);
   const fs::path ref_path = fs::path(out) / "reference.h5",
                  cand_path = fs::path(out) / "candidate.h5";
-  // A stale report from an earlier run must never sit beside new traces.
-  for (const char* f : {"report.txt", "report.json"}) fs::remove(fs::path(out) / f);
+  // Nothing of an earlier run may sit beside the new one: a run that dies half way must not
+  // leave a new reference beside an old candidate, nor a report of other traces.
+  for (const char* f : {"report.txt", "report.json", "reference.h5", "candidate.h5"})
+    fs::remove(fs::path(out) / f);
 
   const nlohmann::json run_facts = {{"replay", lo.replay},
                                     {"generate", lo.generate},
@@ -239,7 +258,7 @@ int trace_main(int argc, char** argv) {
   if (lo.generate > 0)
     extra += fmt::format("generated ({}): {}\n", lo.free_run ? "the candidate's tokens" : "the reference's tokens", generated);
   extra += "timing: " + timing + "\n";
-  write_atomically(fs::path(out) / "report.txt", report_text(result) + extra);
+  write_file_atomically((fs::path(out) / "report.txt").string(), report_text(result) + extra);
   nlohmann::json j = report_json(result);
   j["timing_seconds"] = nlohmann::json::object();
   for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
@@ -249,7 +268,7 @@ int trace_main(int argc, char** argv) {
   j["generated"] = nlohmann::json::array();
   for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i) j["generated"].push_back(run.tokens[i]);
   if (inj) j["injected_fault"] = inj->str();
-  write_atomically(fs::path(out) / "report.json", j.dump(2) + "\n");
+  write_file_atomically((fs::path(out) / "report.json").string(), j.dump(2) + "\n");
 
   std::cout << verdict_line(result) << "\n" << extra;
   std::cout << "traces: " << ref_path.string() << ", " << cand_path.string()
@@ -261,5 +280,6 @@ int trace_main(int argc, char** argv) {
 }  // namespace parity
 
 int main(int argc, char** argv) {
+  parity::prefer_passive_openmp_wait(argv);
   return parity::guarded_main("parity-trace", [&] { return parity::trace_main(argc, argv); });
 }

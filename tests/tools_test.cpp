@@ -1,0 +1,113 @@
+// The command-line tools as a CI engineer meets them: --version everywhere, one error line with
+// the tool's name for any bad command line, no file replaced that is not a regular file, one run
+// per output directory, no partial output, and aliases and limits checked before any work.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/test_util.h"
+
+namespace parity {
+namespace {
+namespace fs = std::filesystem;
+
+size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(Tools, EveryToolHasVersionAndOneLineErrors) {
+  for (const char* tool : {"parity-trace", "parity-diff", "parity-golden", "parity-synth", "parity-bench"}) {
+    auto v = test::run_tool(tool, "--version");
+    EXPECT_EQ(v.exit_code, 0) << tool << ": " << v.output;
+    EXPECT_NE(v.output.find(std::string(tool) + " "), std::string::npos) << v.output;
+    EXPECT_NE(v.output.find("commit"), std::string::npos) << v.output;
+    auto bad = test::run_tool(tool, "--no-such-option 1");
+    EXPECT_EQ(bad.exit_code, 2) << tool << ": " << bad.output;
+    EXPECT_EQ(lines(bad.output), 1u) << tool << ": " << bad.output;
+    EXPECT_EQ(bad.output.rfind(std::string(tool) + ": error: ", 0), 0u) << bad.output;
+  }
+}
+
+TEST(Tools, ErrorsStayOneLineWhateverTheyQuote) {
+  const std::string out = test::temp_dir("one-line");
+  const std::string tiny = test::tiny_model_dir();
+  auto r = test::run_tool("parity-trace", "--model " + tiny + " --tokens 1 --candidate \"$(printf 'bad\\nname')\" --out " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  std::string huge(100000, '7');
+  r = test::run_tool("parity-trace", "--model " + tiny + " --tokens " + huge + " --out " + out);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(lines(r.output), 1u);
+  EXPECT_LT(r.output.size(), 2200u) << "an error line is capped";
+}
+
+TEST(Tools, DeviceBackendAliases) {
+  const std::string tiny = test::tiny_model_dir();
+  const auto hip = test::run_tool("parity-trace", "--model " + tiny + " --tokens 1,2 --candidate hip --out " +
+                                                      test::temp_dir("alias-hip"));
+  for (const char* alias : {"cuda", "gpu"}) {
+    const auto r = test::run_tool("parity-trace", "--model " + tiny + " --tokens 1,2 --candidate " + alias +
+                                                      " --out " + test::temp_dir("alias"));
+    EXPECT_EQ(r.exit_code, hip.exit_code) << alias << ": " << r.output;
+  }
+}
+
+TEST(Tools, OneRunPerOutputDirectory) {
+  const std::string out = test::temp_dir("locked");
+  const int fd = ::open((out + "/.parity-trace.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                    " --tokens 1,2 --candidate cpu-f32 --out " + out);
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("another parity-trace"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/reference.h5"));
+}
+
+TEST(Tools, ReportsReplaceOnlyRegularFiles) {
+  const std::string dir = test::temp_dir("reports");
+  const auto run = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                      " --tokens 1,2 --candidate cpu-f32 --out " + dir);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string a = dir + "/candidate.h5", b = dir + "/reference.h5";
+  auto r = test::run_tool("parity-diff", a + " " + b + " -o /dev/null");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("not a regular file"), std::string::npos) << r.output;
+  r = test::run_tool("parity-diff", a + " " + b + " -o " + dir);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is a directory"), std::string::npos) << r.output;
+  r = test::run_tool("parity-diff", a + " " + b + " -o " + dir + "/r.txt");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST(Tools, GoldenCompareNeedsNumbers) {
+  const std::string dir = test::temp_dir("golden-empty");
+  std::ofstream(dir + "/a.txt").close();
+  std::ofstream(dir + "/b.txt").close();
+  auto r = test::run_tool("parity-golden", "compare " + dir + "/a.txt " + dir + "/b.txt --atol 0 --rtol 0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds no numbers"), std::string::npos) << r.output;
+  std::ofstream(dir + "/c.txt") << "1.5\n2\n";
+  std::ofstream(dir + "/d.txt") << "1.5\nabc\n";
+  r = test::run_tool("parity-golden", "compare " + dir + "/c.txt " + dir + "/d.txt --atol 0 --rtol 0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("d.txt:2"), std::string::npos) << r.output;
+  r = test::run_tool("parity-golden", "compare " + dir + "/c.txt " + dir + "/c.txt --atol 0 --rtol 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Tools, SynthChecksItsLimitsBeforeWriting) {
+  const std::string out = test::temp_dir("synth-limits");
+  auto r = test::run_tool("parity-synth", "--preset tiny --stats-positions 2147483647 --out " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--stats-positions"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_empty(out)) << "nothing written before the check";
+}
+
+}  // namespace
+}  // namespace parity
