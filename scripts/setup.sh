@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config libhdf5-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev)
+          libgtest-dev libgmock-dev libpugixml-dev libxxhash-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,6 +12,8 @@
 #include <limits>
 #include <sstream>
 
+#include <pugixml.hpp>
+
 #include "model/error.h"
 #include "tracer/differ.h"
 #include "tracer/profiles.h"
@@ -500,16 +502,41 @@ TEST_F(DiffTraces, ReportsInEveryFormat) {
   EXPECT_EQ(j["datasets"][1]["status"], "pass");
 
   const std::string junit = report_junit(r);
-  EXPECT_NE(junit.find("<testsuite "), std::string::npos);
-  EXPECT_NE(junit.find("name=\"qkv\""), std::string::npos);
-  EXPECT_NE(junit.find("<failure type=\"diverged\" message=\"/pos_0/layer_1/qkv"), std::string::npos) << junit;
-  EXPECT_NE(junit.find("name=\"logits\" time=\"0\"/>"), std::string::npos) << junit;
-  EXPECT_NE(junit.find("<skipped message=\"no mlp1 datasets"), std::string::npos);
-  EXPECT_EQ(std::count(junit.begin(), junit.end(), '\n') > 0, true);
-  size_t testcases = 0;
-  for (size_t p = junit.find("<testcase "); p != std::string::npos; p = junit.find("<testcase ", p + 1))
+  pugi::xml_document doc;
+  ASSERT_TRUE(doc.load_string(junit.c_str())) << junit;
+  const pugi::xml_node suites = doc.child("testsuites");
+  ASSERT_TRUE(suites) << junit;
+  EXPECT_FALSE(suites.attribute("skipped")) << "the JUnit schema has no skipped on testsuites";
+  EXPECT_EQ(suites.attribute("failures").as_int(), 1);
+  const pugi::xml_node suite = suites.child("testsuite");
+  size_t testcases = 0, failing = 0;
+  for (pugi::xml_node tc : suite.children("testcase")) {
     ++testcases;
+    const std::string name = tc.attribute("name").as_string();
+    if (pugi::xml_node f = tc.child("failure")) {
+      ++failing;
+      EXPECT_EQ(name, "qkv");
+      // The culprit's testcase carries the first divergence.
+      EXPECT_NE(std::string(f.attribute("message").as_string()).find("first divergence at position 0, layer 1, stage qkv"),
+                std::string::npos) << junit;
+      EXPECT_NE(std::string(f.text().as_string()).find("/pos_0/layer_1/qkv"), std::string::npos);
+    }
+    if (name == "logits") {
+      EXPECT_FALSE(tc.first_child()) << "a passing stage is an empty testcase";
+    }
+    if (name == "mlp1") {
+      EXPECT_NE(std::string(tc.child("skipped").attribute("message").as_string()).find("no mlp1 datasets"),
+                std::string::npos);
+    }
+  }
   EXPECT_EQ(testcases, size_t(kNumStages));
+  EXPECT_EQ(failing, 1u);
+  pugi::xml_document err;
+  ASSERT_TRUE(err.load_string(junit_error("parity-trace", "parity-trace: error: x.h5: no such file").c_str()));
+  EXPECT_EQ(err.child("testsuites").attribute("errors").as_int(), 1);
+  EXPECT_EQ(std::string(err.child("testsuites").child("testsuite").child("testcase").child("error")
+                            .attribute("message").as_string()),
+            "parity-trace: error: x.h5: no such file");
 
   const std::string html = report_html(r);
   EXPECT_NE(html.find("<table class=\"heat\">"), std::string::npos);

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "model/error.h"
+#include "model/untrusted.h"
 #include "tools/common.h"
 #include "tracer/differ.h"
 #include "tracer/profiles.h"
@@ -71,10 +72,23 @@ int diff_main(int argc, char** argv) {
   const Criterion criterion = criterion_from_flags(cf);
   const ReportFormat format = parse_report_format(report);
 
-  const TraceReader a(a_path), b(b_path);
-  DiffOptions options;
-  options.max_listed = size_t(count);
-  const DiffResult result = diff_traces(a, b, criterion, options);
+  // A JUnit report asked for is written even when the diff cannot run (an unreadable trace, a
+  // mismatched pair): one error testcase with the error line, so CI shows why.
+  const auto diff = [&] {
+    const TraceReader a(a_path), b(b_path);
+    DiffOptions options;
+    options.max_listed = size_t(count);
+    return diff_traces(a, b, criterion, options);
+  };
+  DiffResult result;
+  try {
+    result = diff();
+  } catch (const Error& e) {
+    if (format == ReportFormat::Junit && !output.empty())
+      write_file_atomically(output, junit_error("parity-diff", std::string("parity-diff: error: ") +
+                                                                   one_line(e.what(), 2000)));
+    throw;
+  }
   const TextReportOptions text_options{size_t(count), quiet};
 
   if (!output.empty()) {

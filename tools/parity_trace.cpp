@@ -17,6 +17,7 @@
 
 #include "model/error.h"
 #include "model/lockstep.h"
+#include "model/untrusted.h"
 #include "tools/common.h"
 #include "tools/version.h"
 #include "tracer/differ.h"
@@ -94,7 +95,7 @@ int trace_main(int argc, char** argv) {
       "lockstep, trace both into HDF5, replay every candidate stage on the reference's inputs, "
       "and name the first stage whose own (local) error exceeds its derived bound.\n"
       "Exit: 0 within the bounds, 1 diverged, 2 error."};
-  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, out;
+  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, out, junit_path;
   int token = -1, pos = -1, step_rows = 64, generate = 0;
   CriterionFlags cf;
   bool no_replay = false, free_run = false;
@@ -154,126 +155,152 @@ int trace_main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--out", out,
-                 "output directory for reference.h5, candidate.h5, report.txt, report.json")
+                 "output directory for reference.h5, candidate.h5 and the reports (report.txt, "
+                 ".json, .xml (JUnit), .html)")
       ->required();
+  app.add_option("--junit", junit_path,
+                 "also write the JUnit report to FILE; on an error, a JUnit file whose one "
+                 "testcase carries the error line");
   if (const auto done = parse_command_line(app, "parity-trace", argc, argv)) return *done;
-  if (tokens_text.empty() && token < 0 && o_token->count() == 0)
-    fail("give --tokens t0,t1,... or --token T --pos P");
-  if (candidate.empty()) candidate = default_candidate();
+  // Everything after the command line runs here, so that an error can still leave the JUnit
+  // file asked for, with the error line in it.
+  const auto run = [&]() -> int {
+    if (tokens_text.empty() && token < 0 && o_token->count() == 0)
+      fail("give --tokens t0,t1,... or --token T --pos P");
+    if (candidate.empty()) candidate = default_candidate();
 
-  // The criterion, checked before any work.
-  cf.explicit_abs_rel = o_atol->count() > 0;
-  const Criterion criterion = criterion_from_flags(cf);
-  if (criterion.judge == Judge::local && no_replay)
-    fail("--judge local needs the replay that --no-replay turns off");
+    // The criterion, checked before any work.
+    cf.explicit_abs_rel = o_atol->count() > 0;
+    const Criterion criterion = criterion_from_flags(cf);
+    if (criterion.judge == Judge::local && no_replay)
+      fail("--judge local needs the replay that --no-replay turns off");
 
-  std::vector<Phase> phases;
-  auto t0 = std::chrono::steady_clock::now();
-  auto m = Model::load(resolve_model(model, models_dir));
-  const Config& c = m->config;
-  phases.push_back({"load", since(t0)});
+    std::vector<Phase> phases;
+    auto t0 = std::chrono::steady_clock::now();
+    auto m = Model::load(resolve_model(model, models_dir));
+    const Config& c = m->config;
+    phases.push_back({"load", since(t0)});
 
-  LockstepOptions lo;
-  if (!tokens_text.empty()) {
-    lo.prompt = parse_token_list(tokens_text);
-    if (lo.prompt.empty()) fail("--tokens: no tokens given");
-    for (size_t i = 0; i < lo.prompt.size(); ++i) lo.traced.insert(int(i));
-  } else {
-    if (pos < 0) fail("--pos {}: positions start at 0", pos);
-    if (int64_t(pos) >= c.max_position_embeddings)
-      fail("--pos {}: past the context of {} ({} positions)", pos, m->dir,
+    LockstepOptions lo;
+    if (!tokens_text.empty()) {
+      lo.prompt = parse_token_list(tokens_text);
+      if (lo.prompt.empty()) fail("--tokens: no tokens given");
+      for (size_t i = 0; i < lo.prompt.size(); ++i) lo.traced.insert(int(i));
+    } else {
+      if (pos < 0) fail("--pos {}: positions start at 0", pos);
+      if (int64_t(pos) >= c.max_position_embeddings)
+        fail("--pos {}: past the context of {} ({} positions)", pos, m->dir,
+             c.max_position_embeddings);
+      for (int i = 0; i < pos; ++i) lo.prompt.push_back(prefix_token(i, c.vocab_size));
+      lo.prompt.push_back(token);
+      lo.traced.insert(pos);
+    }
+    for (size_t i = 0; i < lo.prompt.size(); ++i)
+      if (lo.prompt[i] < 0 || lo.prompt[i] >= c.vocab_size)
+        fail("token id {} at position {} is out of range for {} (vocabulary 0..{})", lo.prompt[i], i,
+             m->dir, c.vocab_size - 1);
+    if (int64_t(lo.prompt.size()) > c.max_position_embeddings)
+      fail("position {} is past the context of {} ({} positions)", lo.prompt.size() - 1, m->dir,
            c.max_position_embeddings);
-    for (int i = 0; i < pos; ++i) lo.prompt.push_back(prefix_token(i, c.vocab_size));
-    lo.prompt.push_back(token);
-    lo.traced.insert(pos);
+    lo.step_rows = step_rows;
+    lo.replay = !no_replay;
+    lo.generate = generate;
+    lo.free_run = free_run;
+
+    std::optional<Injection> inj;
+    if (!inject_text.empty()) inj = Injection::parse(inject_text, c);
+    lo.injection = inj ? &*inj : nullptr;
+
+    t0 = std::chrono::steady_clock::now();
+    auto reference = make_backend("reference", *m);
+    phases.push_back({"reference setup", since(t0)});
+    t0 = std::chrono::steady_clock::now();
+    auto cand = make_backend(candidate, *m);  // the device backend uploads the weights here
+    phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
+    check_lockstep(lo, *reference, *cand);
+
+    fs::create_directories(out);
+    const OutputLock lock(out);
+    const fs::path ref_path = fs::path(out) / "reference.h5",
+                   cand_path = fs::path(out) / "candidate.h5";
+    // Nothing of an earlier run may sit beside the new one: a run that dies half way must not
+    // leave a new reference beside an old candidate, nor a report of other traces.
+    for (const char* f : {"report.txt", "report.json", "report.xml", "report.html", "reference.h5",
+                          "candidate.h5"})
+      fs::remove(fs::path(out) / f);
+
+    const nlohmann::json run_facts = {{"replay", lo.replay},
+                                      {"generate", lo.generate},
+                                      {"free_run", lo.free_run},
+                                      {"step_rows", lo.step_rows},
+                                      {"injected_fault", inj ? nlohmann::json(inj->str()) : nlohmann::json(nullptr)}};
+    t0 = std::chrono::steady_clock::now();
+    const LockstepResult run = trace_lockstep(*reference, *cand, *m, lo, ref_path.string(),
+                                              cand_path.string(), run_facts);
+    const double run_seconds = since(t0);
+    phases.push_back({"reference", run.reference_seconds});
+    phases.push_back({"candidate (" + cand->name() + (lo.replay ? ", with replay rows" : "") + ")",
+                      run.candidate_seconds});
+    if (lo.replay) phases.push_back({"replay forcing", run.forcing_seconds});
+    // Tracing: reading and writing the traced rows, and finishing the files.
+    phases.push_back({"tracing", run_seconds - run.reference_seconds - run.candidate_seconds -
+                                     run.forcing_seconds});
+
+    t0 = std::chrono::steady_clock::now();
+    TraceReader a(cand_path.string()), b(ref_path.string());
+    DiffResult result = diff_traces(a, b, criterion);
+    phases.push_back({"diff", since(t0)});
+
+    std::string timing;
+    for (const auto& p : phases)
+      timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
+    std::string facts_line;
+    const nlohmann::json facts = cand->facts();
+    for (const auto& [key, value] : facts.items())
+      facts_line += fmt::format("{}{}={}", facts_line.empty() ? "" : ", ", key,
+                                value.is_string() ? value.get<std::string>() : value.dump());
+    std::string generated;
+    for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i)
+      generated += (generated.empty() ? "" : ",") + std::to_string(run.tokens[i]);
+    std::string extra = "candidate: " + cand->name() +
+                        (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n";
+    if (lo.generate > 0)
+      extra += fmt::format("generated ({}): {}\n", lo.free_run ? "the candidate's tokens" : "the reference's tokens", generated);
+    extra += "timing: " + timing + "\n";
+    write_file_atomically((fs::path(out) / "report.txt").string(), report_text(result) + extra);
+    nlohmann::json j = report_json(result);
+    j["timing_seconds"] = nlohmann::json::object();
+    for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
+    j["candidate_backend"] = cand->name();
+    j["candidate_facts"] = cand->facts();
+    j["tokens"] = run.tokens;
+    j["generated"] = nlohmann::json::array();
+    for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i) j["generated"].push_back(run.tokens[i]);
+    if (inj) j["injected_fault"] = inj->str();
+    write_file_atomically((fs::path(out) / "report.json").string(), j.dump(2) + "\n");
+    write_file_atomically((fs::path(out) / "report.xml").string(), report_junit(result));
+    write_file_atomically((fs::path(out) / "report.html").string(), report_html(result));
+    if (!junit_path.empty()) write_file_atomically(junit_path, report_junit(result));
+
+    std::cout << verdict_line(result) << "\n" << extra;
+    const fs::path dir(out);
+    std::cout << fmt::format(
+        "traces: {}, {}\nreports: {} (text), {} (JSON), {} (JUnit), {} (HTML)\n"
+        "next: open the HTML report; `parity-diff {} {} --judge accumulated` shows the drift; "
+        "--inject STAGE:LAYER proves the harness finds a fault there\n",
+        ref_path.string(), cand_path.string(), (dir / "report.txt").string(),
+        (dir / "report.json").string(), (dir / "report.xml").string(),
+        (dir / "report.html").string(), cand_path.string(), ref_path.string());
+    return result.diverged() ? kExitDiverged : kExitOk;
+  };
+  try {
+    return run();
+  } catch (const Error& e) {
+    if (!junit_path.empty())
+      write_file_atomically(junit_path, junit_error("parity-trace", std::string("parity-trace: error: ") +
+                                                                    one_line(e.what(), 2000)));
+    throw;
   }
-  for (size_t i = 0; i < lo.prompt.size(); ++i)
-    if (lo.prompt[i] < 0 || lo.prompt[i] >= c.vocab_size)
-      fail("token id {} at position {} is out of range for {} (vocabulary 0..{})", lo.prompt[i], i,
-           m->dir, c.vocab_size - 1);
-  if (int64_t(lo.prompt.size()) > c.max_position_embeddings)
-    fail("position {} is past the context of {} ({} positions)", lo.prompt.size() - 1, m->dir,
-         c.max_position_embeddings);
-  lo.step_rows = step_rows;
-  lo.replay = !no_replay;
-  lo.generate = generate;
-  lo.free_run = free_run;
-
-  std::optional<Injection> inj;
-  if (!inject_text.empty()) inj = Injection::parse(inject_text, c);
-  lo.injection = inj ? &*inj : nullptr;
-
-  t0 = std::chrono::steady_clock::now();
-  auto reference = make_backend("reference", *m);
-  phases.push_back({"reference setup", since(t0)});
-  t0 = std::chrono::steady_clock::now();
-  auto cand = make_backend(candidate, *m);  // the device backend uploads the weights here
-  phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
-  check_lockstep(lo, *reference, *cand);
-
-  fs::create_directories(out);
-  const OutputLock lock(out);
-  const fs::path ref_path = fs::path(out) / "reference.h5",
-                 cand_path = fs::path(out) / "candidate.h5";
-  // Nothing of an earlier run may sit beside the new one: a run that dies half way must not
-  // leave a new reference beside an old candidate, nor a report of other traces.
-  for (const char* f : {"report.txt", "report.json", "reference.h5", "candidate.h5"})
-    fs::remove(fs::path(out) / f);
-
-  const nlohmann::json run_facts = {{"replay", lo.replay},
-                                    {"generate", lo.generate},
-                                    {"free_run", lo.free_run},
-                                    {"step_rows", lo.step_rows},
-                                    {"injected_fault", inj ? nlohmann::json(inj->str()) : nlohmann::json(nullptr)}};
-  t0 = std::chrono::steady_clock::now();
-  const LockstepResult run = trace_lockstep(*reference, *cand, *m, lo, ref_path.string(),
-                                            cand_path.string(), run_facts);
-  const double run_seconds = since(t0);
-  phases.push_back({"reference", run.reference_seconds});
-  phases.push_back({"candidate (" + cand->name() + (lo.replay ? ", with replay rows" : "") + ")",
-                    run.candidate_seconds});
-  if (lo.replay) phases.push_back({"replay forcing", run.forcing_seconds});
-  // Tracing: reading and writing the traced rows, and finishing the files.
-  phases.push_back({"tracing", run_seconds - run.reference_seconds - run.candidate_seconds -
-                                   run.forcing_seconds});
-
-  t0 = std::chrono::steady_clock::now();
-  TraceReader a(cand_path.string()), b(ref_path.string());
-  DiffResult result = diff_traces(a, b, criterion);
-  phases.push_back({"diff", since(t0)});
-
-  std::string timing;
-  for (const auto& p : phases)
-    timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
-  std::string facts_line;
-  const nlohmann::json facts = cand->facts();
-  for (const auto& [key, value] : facts.items())
-    facts_line += fmt::format("{}{}={}", facts_line.empty() ? "" : ", ", key,
-                              value.is_string() ? value.get<std::string>() : value.dump());
-  std::string generated;
-  for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i)
-    generated += (generated.empty() ? "" : ",") + std::to_string(run.tokens[i]);
-  std::string extra = "candidate: " + cand->name() +
-                      (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n";
-  if (lo.generate > 0)
-    extra += fmt::format("generated ({}): {}\n", lo.free_run ? "the candidate's tokens" : "the reference's tokens", generated);
-  extra += "timing: " + timing + "\n";
-  write_file_atomically((fs::path(out) / "report.txt").string(), report_text(result) + extra);
-  nlohmann::json j = report_json(result);
-  j["timing_seconds"] = nlohmann::json::object();
-  for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
-  j["candidate_backend"] = cand->name();
-  j["candidate_facts"] = cand->facts();
-  j["tokens"] = run.tokens;
-  j["generated"] = nlohmann::json::array();
-  for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i) j["generated"].push_back(run.tokens[i]);
-  if (inj) j["injected_fault"] = inj->str();
-  write_file_atomically((fs::path(out) / "report.json").string(), j.dump(2) + "\n");
-
-  std::cout << verdict_line(result) << "\n" << extra;
-  std::cout << "traces: " << ref_path.string() << ", " << cand_path.string()
-            << "; report: " << (fs::path(out) / "report.txt").string() << "\n";
-  return result.diverged() ? kExitDiverged : kExitOk;
 }
 
 }  // namespace

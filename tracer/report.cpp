@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <pugixml.hpp>
+#include <sstream>
 
 #include "model/error.h"
 
@@ -333,19 +335,37 @@ table.fails td, table.fails th { border-bottom: 1px solid #eee; padding: 0.2em 0
 input.view { display: none; }
 label.view { display: inline-block; padding: 0.3em 0.9em; border: 1px solid #bbb; border-radius: 4px 4px 0 0;
   cursor: pointer; font-size: 0.9em; margin-right: 0.2em; background: #f5f5f5; }
-#view-local:checked ~ label[for=view-local], #view-accum:checked ~ label[for=view-accum] {
+#view-local:checked ~ label[for=view-local], #view-accum:checked ~ label[for=view-accum],
+#view-pos:checked ~ label[for=view-pos] {
   background: #1a237e; color: #fff; border-color: #1a237e; }
 div.heatmap { display: none; margin-top: 0.6em; }
-#view-local:checked ~ div.local, #view-accum:checked ~ div.accum { display: block; }
+#view-local:checked ~ div.local, #view-accum:checked ~ div.accum,
+#view-pos:checked ~ div.pos { display: block; }
 )";
 
-std::string heatmap(const DiffResult& r, bool accumulated) {
-  // Column 0 is model scope; column L + 1 is layer L.
-  const int columns = r.num_layers + 1;
+// A heatmap of stages against columns: the layers (column 0 model scope, L + 1 layer L), or the
+// positions (binned to at most kPositionColumns columns; every layer of a position in its cell).
+enum class Columns { layers, positions };
+constexpr int kPositionColumns = 64;
+
+std::string heatmap(const DiffResult& r, bool accumulated, Columns by) {
+  std::vector<int> positions;
+  for (const auto& d : r.datasets) positions.push_back(d.key.position);
+  std::sort(positions.begin(), positions.end());
+  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+  const int per_bin =
+      std::max(1, int((positions.size() + kPositionColumns - 1) / kPositionColumns));
+  const int columns = by == Columns::layers ? r.num_layers + 1
+                                            : int((positions.size() + size_t(per_bin) - 1) / size_t(per_bin));
+  auto column_of = [&](const DatasetDiff& d) {
+    if (by == Columns::layers) return d.key.layer == kModelLayer ? 0 : d.key.layer + 1;
+    const auto it = std::lower_bound(positions.begin(), positions.end(), d.key.position);
+    return int(it - positions.begin()) / per_bin;
+  };
   std::vector<std::vector<Cell>> grid(size_t(kNumStages),
-                                      std::vector<Cell>(static_cast<size_t>(columns)));
+                                      std::vector<Cell>(static_cast<size_t>(std::max(columns, 0))));
   for (const auto& d : r.datasets) {
-    const int col = d.key.layer == kModelLayer ? 0 : d.key.layer + 1;
+    const int col = column_of(d);
     if (col < 0 || col >= columns) continue;
     Cell& c = grid[size_t(d.key.stage)][size_t(col)];
     ++c.datasets;
@@ -357,8 +377,20 @@ std::string heatmap(const DiffResult& r, bool accumulated) {
     }
     if (r.first_divergence && r.first_divergence->path == d.path) c.first = true;
   }
-  std::string out = "<table class=\"heat\">\n<tr><th class=\"stage\">stage</th><th>model</th>";
-  for (int l = 0; l < r.num_layers; ++l) out += fmt::format("<th>L{}</th>", l);
+  auto column_name = [&](int col) -> std::string {
+    if (by == Columns::layers) return col == 0 ? "model scope" : fmt::format("layer {}", col - 1);
+    const int first = positions[size_t(col * per_bin)];
+    const int last = positions[std::min(positions.size(), size_t((col + 1) * per_bin)) - 1];
+    return first == last ? fmt::format("position {}", first)
+                         : fmt::format("positions {}..{}", first, last);
+  };
+  std::string out = "<table class=\"heat\">\n<tr><th class=\"stage\">stage</th>";
+  for (int col = 0; col < columns; ++col) {
+    if (by == Columns::layers)
+      out += col == 0 ? std::string("<th>model</th>") : fmt::format("<th>L{}</th>", col - 1);
+    else
+      out += fmt::format("<th title=\"{}\">{}</th>", column_name(col), positions[size_t(col * per_bin)]);
+  }
   out += "</tr>\n";
   for (const auto& s : kStages) {
     out += fmt::format("<tr><th class=\"stage\">{}</th>", s.name);
@@ -368,13 +400,12 @@ std::string heatmap(const DiffResult& r, bool accumulated) {
         out += "<td class=\"none\"></td>";
         continue;
       }
-      const std::string where = col == 0 ? "model scope" : fmt::format("layer {}", col - 1);
       const DatasetDiff& worst = *c.worst_dataset;
       std::string title = fmt::format("{} {}: {} of {} datasets exceed the criterion by {} error; "
-                                      "largest share {} at position {}",
-                                      s.name, where, c.failed, c.datasets,
+                                      "largest share {} ({})",
+                                      s.name, column_name(col), c.failed, c.datasets,
                                       accumulated ? "accumulated" : judge_name(r.judged),
-                                      num(c.worst), worst.key.position);
+                                      num(c.worst), location(worst.key));
       if (!accumulated && worst.failed()) title += "; " + failure_summary(r, worst);
       if (!std::isnan(worst.amplification))
         title += fmt::format("; amplification {}", num(worst.amplification));
@@ -445,9 +476,61 @@ std::string verdict_line(const DiffResult& r) {
                      r.failed_datasets(), n, how, where, what);
 }
 
+namespace {
+// Per stage, over every position and layer: datasets, failures, the largest local and accumulated
+// shares (and where the local one is), the largest amplification.
+void text_stage_table(std::string& out, const DiffResult& r) {
+  struct Row {
+    size_t datasets = 0, failed = 0, flips = 0, drift = 0;
+    double local = -1, accumulated = -1, amplification = -1;
+    const DatasetDiff* worst = nullptr;
+  };
+  std::map<Stage, Row> rows;
+  for (const auto& d : r.datasets) {
+    Row& row = rows[d.key.stage];
+    ++row.datasets;
+    row.failed += d.failed();
+    if (d.is_decision()) {
+      const SideDiff* j = d.judged_side();
+      if (j != nullptr && j->decision && j->decision->slots > 0) {
+        ++row.flips;
+        row.drift += j->decision->explained;
+      }
+      continue;
+    }
+    if (d.local && d.local->values.share > row.local) {
+      row.local = d.local->values.share;
+      row.worst = &d;
+    }
+    if (d.accumulated) row.accumulated = std::max(row.accumulated, d.accumulated->values.share);
+    if (!std::isnan(d.amplification)) row.amplification = std::max(row.amplification, d.amplification);
+  }
+  out += line(fmt::format("{:<12} {:>9} {:>7} {:>12} {:>14} {:>12}  {}", "stage", "datasets",
+                          "failed", "local_share", "accum_share", "amplif", "largest local share at"));
+  for (const auto& si : kStages) {
+    const auto it = rows.find(si.stage);
+    if (it == rows.end()) continue;
+    const Row& row = it->second;
+    auto val = [](double x) { return x < 0 ? std::string("-") : share_text(x); };
+    if (is_decision(si.stage)) {
+      out += line(fmt::format("{:<12} {:>9} {:>7} {:>12} {:>14} {:>12}  {}", si.name, row.datasets,
+                              row.failed, "-", "-", "-",
+                              row.flips == 0 ? std::string("no flips")
+                                             : fmt::format("{} flip(s), {} drift", row.flips, row.drift)));
+      continue;
+    }
+    out += line(fmt::format("{:<12} {:>9} {:>7} {:>12} {:>14} {:>12}  {}", si.name, row.datasets,
+                            row.failed, val(row.local), val(row.accumulated), val(row.amplification),
+                            row.worst ? location(row.worst->key) : std::string("-")));
+  }
+}
+}  // namespace
+
 std::string report_text(const DiffResult& r, const TextReportOptions& options) {
   if (options.quiet) return verdict_line(r) + "\n";
-  std::string out;
+  // The verdict and the culprit first, then the summary, then the detail (capped).
+  constexpr size_t kDetailed = 20, kTableRows = 500;
+  std::string out = verdict_line(r) + "\n\n";
   out += fmt::format("A (candidate): {}\nB (reference): {}\n", side_text(r.a), side_text(r.b));
   out += fmt::format("criterion: {}; an element differs when |A - B| > its bound\n",
                      r.criterion.describe());
@@ -455,8 +538,14 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
   if (r.criterion.kind == Criterion::Kind::derived)
     out += fmt::format("precision of A: {}\n", r.policy.to_json().dump());
   out += "\n";
-  for (const auto& d : r.datasets)
-    if (d.failed()) text_dataset(out, r, d, options.count);
+  const DatasetDiff* culprit = nullptr;
+  if (r.first_divergence)
+    for (const auto& d : r.datasets)
+      if (d.path == r.first_divergence->path) culprit = &d;
+  if (culprit != nullptr) {
+    out += "first divergence:\n";
+    text_dataset(out, r, *culprit, options.count);
+  }
   out += fmt::format("summary: {} datasets compared, {} differ", r.datasets.size(),
                      r.failed_datasets());
   if (r.drift_decisions > 0)
@@ -465,10 +554,29 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
   if (r.first_drift_path)
     out += fmt::format("drift: the accumulated error first exceeds the criterion at {}\n",
                        *r.first_drift_path);
-  text_metrics_table(out, r);
-  out += '\n';
-  out += verdict_line(r);
-  out += '\n';
+  out += "\n";
+  text_stage_table(out, r);
+  out += "\n";
+  size_t detailed = 0, failed_left = 0;
+  for (const auto& d : r.datasets) {
+    if (!d.failed() || &d == culprit) continue;
+    if (detailed == kDetailed) {
+      ++failed_left;
+      continue;
+    }
+    if (detailed++ == 0) out += "other datasets that differ:\n";
+    text_dataset(out, r, d, options.count);
+  }
+  if (failed_left > 0)
+    out += fmt::format("... and {} more datasets that differ (all of them are in the JSON report)\n\n",
+                       failed_left);
+  if (r.datasets.size() <= kTableRows) {
+    text_metrics_table(out, r);
+  } else {
+    out += fmt::format("(the per-dataset table of {} datasets is in the JSON report)\n",
+                       r.datasets.size());
+  }
+  out += "\n" + verdict_line(r) + "\n";
   return out;
 }
 
@@ -568,10 +676,33 @@ json report_json(const DiffResult& r) {
           {"datasets", datasets}};
 }
 
+namespace {
+// XML 1.0 allows no control characters but tab and newline; pugixml escapes the rest.
+std::string xml_text(std::string_view s) {
+  std::string out(s);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') c = ' ';
+  return out;
+}
+
+std::string xml_document_text(const pugi::xml_document& doc) {
+  std::ostringstream out;
+  doc.save(out, "  ", pugi::format_default, pugi::encoding_utf8);
+  return out.str();
+}
+
+pugi::xml_document junit_document() {
+  pugi::xml_document doc;
+  pugi::xml_node decl = doc.prepend_child(pugi::node_declaration);
+  decl.append_attribute("version") = "1.0";
+  decl.append_attribute("encoding") = "UTF-8";
+  return doc;
+}
+}  // namespace
+
 std::string report_junit(const DiffResult& r) {
   struct StageCase {
     size_t datasets = 0, failed = 0;
-    const DatasetDiff* first_failure = nullptr;
     std::vector<const DatasetDiff*> failures;
   };
   std::map<Stage, StageCase> cases;
@@ -580,7 +711,6 @@ std::string report_junit(const DiffResult& r) {
     ++c.datasets;
     if (!d.failed()) continue;
     ++c.failed;
-    if (c.first_failure == nullptr) c.first_failure = &d;
     c.failures.push_back(&d);
   }
   size_t failures = 0, skipped = 0;
@@ -589,45 +719,79 @@ std::string report_junit(const DiffResult& r) {
     if (it == cases.end()) ++skipped;
     else if (it->second.failed > 0) ++failures;
   }
-  const std::string suite = fmt::format("parity-diff {} vs {}", r.a.file, r.b.file);
-  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += fmt::format("<testsuites name=\"parity-diff\" tests=\"{}\" failures=\"{}\" errors=\"0\" "
-                     "skipped=\"{}\">\n",
-                     kNumStages, failures, skipped);
-  out += fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" "
-                     "skipped=\"{}\" time=\"0\">\n",
-                     xml_escape(suite), kNumStages, failures, skipped);
-  out += "    <properties>\n";
+  pugi::xml_document doc = junit_document();
+  // The common JUnit schema: counts on <testsuites> are tests, failures, errors (no skipped).
+  pugi::xml_node suites = doc.append_child("testsuites");
+  suites.append_attribute("name") = "parity-diff";
+  suites.append_attribute("tests") = kNumStages;
+  suites.append_attribute("failures") = failures;
+  suites.append_attribute("errors") = 0;
+  pugi::xml_node suite = suites.append_child("testsuite");
+  suite.append_attribute("name") = xml_text(fmt::format("parity-diff {} vs {}", r.a.file, r.b.file)).c_str();
+  suite.append_attribute("tests") = kNumStages;
+  suite.append_attribute("failures") = failures;
+  suite.append_attribute("errors") = 0;
+  suite.append_attribute("skipped") = skipped;
+  suite.append_attribute("time") = 0;
+  pugi::xml_node props = suite.append_child("properties");
   for (const auto& [key, val] : {std::pair<std::string, std::string>{"candidate", side_text(r.a)},
                                  {"reference", side_text(r.b)},
                                  {"criterion", r.criterion.describe()},
                                  {"judged", std::string(judge_name(r.judged))},
-                                 {"verdict", verdict_line(r)}})
-    out += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", key, xml_escape(val));
-  out += "    </properties>\n";
+                                 {"verdict", verdict_line(r)}}) {
+    pugi::xml_node p = props.append_child("property");
+    p.append_attribute("name") = key.c_str();
+    p.append_attribute("value") = xml_text(val).c_str();
+  }
   for (const auto& s : kStages) {
-    out += fmt::format("    <testcase classname=\"parity.{}\" name=\"{}\" time=\"0\"", scope_name(s.scope),
-                       s.name);
+    pugi::xml_node tc = suite.append_child("testcase");
+    tc.append_attribute("classname") = fmt::format("parity.{}", scope_name(s.scope)).c_str();
+    tc.append_attribute("name") = std::string(s.name).c_str();
+    tc.append_attribute("time") = 0;
     const auto it = cases.find(s.stage);
     if (it == cases.end()) {
-      out += fmt::format(">\n      <skipped message=\"no {} datasets in either trace\"/>\n    </testcase>\n",
-                         s.name);
+      tc.append_child("skipped").append_attribute("message") =
+          fmt::format("no {} datasets in either trace", s.name).c_str();
       continue;
     }
     const StageCase& c = it->second;
-    if (c.failed == 0) {
-      out += "/>\n";
-      continue;
-    }
+    if (c.failed == 0) continue;
+    // The culprit's testcase carries the first divergence itself.
+    const bool first = r.first_divergence && r.first_divergence->stage == s.stage;
+    std::string message = first ? verdict_line(r) : failure_summary(r, *c.failures.front());
+    message += fmt::format(" ({} of {} datasets of stage {} differ)", c.failed, c.datasets, s.name);
     std::string details;
     for (const DatasetDiff* d : c.failures) details += failure_summary(r, *d) + "\n";
-    out += fmt::format(">\n      <failure type=\"diverged\" message=\"{} ({} of {} datasets of stage {} "
-                       "differ)\">{}</failure>\n    </testcase>\n",
-                       xml_escape(failure_summary(r, *c.first_failure)), c.failed, c.datasets,
-                       s.name, xml_escape(details));
+    pugi::xml_node f = tc.append_child("failure");
+    f.append_attribute("type") = "diverged";
+    f.append_attribute("message") = xml_text(message).c_str();
+    f.append_child(pugi::node_pcdata).set_value(xml_text(details).c_str());
   }
-  out += "  </testsuite>\n</testsuites>\n";
-  return out;
+  return xml_document_text(doc);
+}
+
+std::string junit_error(std::string_view tool, std::string_view message) {
+  pugi::xml_document doc = junit_document();
+  pugi::xml_node suites = doc.append_child("testsuites");
+  suites.append_attribute("name") = std::string(tool).c_str();
+  suites.append_attribute("tests") = 1;
+  suites.append_attribute("failures") = 0;
+  suites.append_attribute("errors") = 1;
+  pugi::xml_node suite = suites.append_child("testsuite");
+  suite.append_attribute("name") = std::string(tool).c_str();
+  suite.append_attribute("tests") = 1;
+  suite.append_attribute("failures") = 0;
+  suite.append_attribute("errors") = 1;
+  suite.append_attribute("skipped") = 0;
+  suite.append_attribute("time") = 0;
+  pugi::xml_node tc = suite.append_child("testcase");
+  tc.append_attribute("classname") = "parity.run";
+  tc.append_attribute("name") = "run";
+  tc.append_attribute("time") = 0;
+  pugi::xml_node e = tc.append_child("error");
+  e.append_attribute("type") = "error";
+  e.append_attribute("message") = xml_text(message).c_str();
+  return xml_document_text(doc);
 }
 
 std::string report_html(const DiffResult& r) {
@@ -659,18 +823,25 @@ std::string report_html(const DiffResult& r) {
          "outlined; hover a cell for details.</p>\n";
   out += "<p class=\"legend\"><span style=\"background:#e8f5e9\">&lt; 0.01</span>"
          "<span style=\"background:#c8e6c9\">&lt; 0.1</span>"
-         "<span style=\"background:#fff9c4\">&lt; 0.5 (drift)</span>"
+         "<span style=\"background:#fff9c4\">&lt; 0.5; a decision flip within the bound (drift)</span>"
          "<span style=\"background:#ffe082\">&le; 1</span>"
          "<span style=\"background:#ef9a9a\">&lt; 10</span>"
          "<span style=\"background:#e57373\">&lt; 100</span>"
          "<span style=\"background:#b71c1c;color:#fff\">&ge; 100, NaN, flip, missing</span></p>\n";
   out += "<div>\n<input class=\"view\" type=\"radio\" name=\"view\" id=\"view-local\" checked>\n"
-         "<input class=\"view\" type=\"radio\" name=\"view\" id=\"view-accum\">\n";
-  out += fmt::format("<label class=\"view\" for=\"view-local\">{} error (decides)</label>\n",
+         "<input class=\"view\" type=\"radio\" name=\"view\" id=\"view-accum\">\n"
+         "<input class=\"view\" type=\"radio\" name=\"view\" id=\"view-pos\">\n";
+  out += fmt::format("<label class=\"view\" for=\"view-local\">{} error by layer (decides)</label>\n",
                      judge_name(r.judged));
-  out += "<label class=\"view\" for=\"view-accum\">accumulated error (drift)</label>\n";
-  out += "<div class=\"heatmap local\">\n" + heatmap(r, false) + "</div>\n";
-  out += "<div class=\"heatmap accum\">\n" + heatmap(r, true) + "</div>\n</div>\n";
+  out += "<label class=\"view\" for=\"view-accum\">accumulated error by layer (drift)</label>\n";
+  out += fmt::format("<label class=\"view\" for=\"view-pos\">{} error by position</label>\n",
+                     judge_name(r.judged));
+  out += "<div class=\"heatmap local\" id=\"heat-local\">\n" + heatmap(r, false, Columns::layers) + "</div>\n";
+  out += "<div class=\"heatmap accum\" id=\"heat-accum\">\n" + heatmap(r, true, Columns::layers) + "</div>\n";
+  out += "<div class=\"heatmap pos\" id=\"heat-pos\">\n<p>Each column a position (or a range of them), "
+         "every layer in its cell: a pattern over positions (a sliding window off by one, a cache "
+         "written at the wrong row) shows here.</p>\n" +
+         heatmap(r, false, Columns::positions) + "</div>\n</div>\n";
 
   constexpr size_t kMaxListed = 500;
   out += fmt::format("<h2>Datasets that differ ({})</h2>\n", r.failed_datasets());

@@ -26,6 +26,9 @@ nlohmann::json report_json(const DiffResult& r);
 // One <testsuite>, one <testcase> per stage (aggregated over positions and layers); a stage fails
 // when its judged (local) error exceeds the criterion somewhere, so one bug is one red testcase.
 std::string report_junit(const DiffResult& r);
+// A JUnit file for a run that failed before it had a verdict (bad input, an unreadable trace):
+// one testcase with an <error> carrying the tool's error line, so CI shows why.
+std::string junit_error(std::string_view tool, std::string_view message);
 // One self-contained page (inline CSS, no script): summary, heatmaps of the share of the bound
 // used per (stage, layer) by the local error (what decides) and by the accumulated error (drift),
 // and the failing datasets.
