@@ -193,13 +193,18 @@ LockstepResult run_lockstep(Backend& reference, Backend& candidate, Observer* re
   reference.reset();
   candidate.reset();
   Step step(reference, candidate, reference_observer, candidate_observer, o, res);
-  for (int first = 0; first < prompt; first += o.step_rows)
-    step.run(res.tokens, first, std::min(o.step_rows, prompt - first), traced);
+  const int total = prompt + o.generate;
+  for (int first = 0; first < prompt; first += o.step_rows) {
+    const int n = std::min(o.step_rows, prompt - first);
+    step.run(res.tokens, first, n, traced);
+    if (o.progress) o.progress(first + n, total);
+  }
   for (int g = 0; g < o.generate; ++g) {
     res.tokens.push_back(step.last_sampled(o.free_run));
     const int pos = int(res.tokens.size()) - 1;
     traced.insert(pos);
     step.run(res.tokens, pos, 1, traced);
+    if (o.progress) o.progress(pos + 1, total);
   }
   return res;
 }

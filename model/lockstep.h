@@ -10,6 +10,7 @@
 // replay rows of traced positions attend over the reference's keys and values.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct LockstepOptions {
   int generate = 0;        // greedy decode steps after the prompt
   bool free_run = false;   // generated tokens follow the candidate's choice, not the reference's
   const Injection* injection = nullptr;  // perturbs the candidate (free and replay rows)
+  // Called after every step with the positions done and the positions in all (prompt and
+  // generation); a progress display, never part of the results.
+  std::function<void(int done, int total)> progress;
 };
 
 struct LockstepResult {

@@ -101,6 +101,31 @@ TEST(Tools, GoldenCompareNeedsNumbers) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+TEST(Tools, GoldenReadsH5dumpAndSeveralValuesPerLine) {
+  const std::string dir = test::temp_dir("golden-formats");
+  std::ofstream(dir + "/dump.txt") << "HDF5 \"t.h5\" {\nDATASET \"/pos_0/model/logits\" {\n"
+                                      "   DATATYPE  H5T_IEEE_F64LE\n"
+                                      "   DATASPACE  SIMPLE { ( 4 ) / ( 4 ) }\n"
+                                      "   DATA {\n   (0): 1.5, 2, -0.25,\n   (3): 7\n   }\n}\n}\n";
+  std::ofstream(dir + "/plain.txt") << "1.5 2\n-0.25, 7\n";
+  auto r = test::run_tool("parity-golden", "compare " + dir + "/dump.txt " + dir + "/plain.txt");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS: 4 elements"), std::string::npos) << r.output;
+  std::ofstream(dir + "/off.txt") << "1.5 2 -0.25 8\n";
+  r = test::run_tool("parity-golden", "compare " + dir + "/dump.txt " + dir + "/off.txt");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+TEST(Tools, GoldenGatesAnyBackend) {
+  const std::string args = "check --model " + test::tiny_model_dir() + " --name tiny --golden-dir " +
+                           std::string(PARITY_SOURCE_DIR) + "/golden";
+  auto r = test::run_tool("parity-golden", args + " --backend cpu-f32");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("backend cpu-f32"), std::string::npos) << r.output;
+  r = test::run_tool("parity-golden", args + " --backend cpu-f32 --atol 0 --rtol 0");
+  EXPECT_EQ(r.exit_code, 1) << "float32 logits are not the float64 golden ones bit for bit";
+}
+
 TEST(Tools, SynthChecksItsLimitsBeforeWriting) {
   const std::string out = test::temp_dir("synth-limits");
   auto r = test::run_tool("parity-synth", "--preset tiny --stats-positions 2147483647 --out " + out);

@@ -127,6 +127,16 @@ std::string iso8601_now() {
   return buf;
 }
 
+std::string default_golden_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed = exe.parent_path().parent_path() / "share" / "gpt-oss-parity" / "golden";
+    if (fs::is_directory(installed, ec)) return installed.string();
+  }
+  return PARITY_SOURCE_GOLDEN_DIR;
+}
+
 void write_file_atomically(const std::string& path, std::string_view text) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);

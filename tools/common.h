@@ -44,6 +44,10 @@ std::optional<int> parse_command_line(CLI::App& app, const char* tool, int argc,
 
 std::string iso8601_now();
 
+// The golden data: <directory of this executable>/../share/gpt-oss-parity/golden when it exists
+// (an installed tool), else the source tree's golden/ the build was configured from.
+std::string default_golden_dir();
+
 // Writes `text` to `path` as a whole or not at all: into a temporary file beside it, then
 // renamed into place. Refuses a path that exists and is not a regular file (a directory, a
 // device node); on any failure the temporary file is removed and the error names the path.

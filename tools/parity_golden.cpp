@@ -2,6 +2,7 @@
 // reference over the manifest's tokens and compare with (or rewrite) golden/<name>/logits.txt;
 // `compare` checks two plain one-number-a-line logit files as engineers' checkers do.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,11 +14,9 @@
 #include "model/untrusted.h"
 #include "tools/common.h"
 #include "tools/version.h"
+#include "tracer/profiles.h"
 #include "tracer/trace_file.h"
 
-#ifndef PARITY_GOLDEN_DIR
-#define PARITY_GOLDEN_DIR "golden"
-#endif
 
 namespace parity {
 namespace {
@@ -26,27 +25,42 @@ using nlohmann::json;
 
 inline constexpr int kGoldenSchema = 1;
 
-// Logit files hold one number per line (blank lines skipped); at most 2^31 bytes.
+// Logit files: numbers separated by whitespace or commas, any number per line (blank lines
+// skipped), at most 2^31 bytes; or h5dump's output of one dataset, whose numbers are read from
+// its DATA { ... } block with h5dump's "(i):" index prefixes skipped.
 constexpr uint64_t kMaxNumbersFile = uint64_t(1) << 31;
 
 std::vector<double> read_numbers(const std::string& path) {
-  const std::string text = read_small_file(path, kMaxNumbersFile, "logits file");
+  std::string text = read_small_file(path, kMaxNumbersFile, "logits file");
+  size_t first_line = 1;
+  if (const size_t data = text.find("DATA {"); data != std::string::npos && text.find("HDF5 \"") == 0) {
+    const size_t end = text.find('}', data);
+    first_line += size_t(std::count(text.begin(), text.begin() + std::ptrdiff_t(data), '\n'));
+    text = text.substr(data + 6, end == std::string::npos ? std::string::npos : end - data - 6);
+  }
   std::vector<double> v;
   std::istringstream in(text);
   std::string line;
-  int line_no = 0;
+  size_t line_no = first_line - 1;
   while (std::getline(in, line)) {
     ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      size_t used = 0;
-      v.push_back(std::stod(line, &used));
-      if (line.find_first_not_of(" \t\r", used) != std::string::npos) throw std::invalid_argument(line);
-    } catch (const std::exception&) {
-      fail("{}:{}: {} is not a number", path, line_no, quoted(line, 40));
+    if (const size_t colon = line.find("):"); colon != std::string::npos && line.find('(') < colon)
+      line = line.substr(colon + 2);  // h5dump's "(index):"
+    for (char& c : line)
+      if (c == ',' || c == '\t' || c == '\r') c = ' ';
+    std::istringstream words(line);
+    std::string word;
+    while (words >> word) {
+      try {
+        size_t used = 0;
+        v.push_back(std::stod(word, &used));
+        if (used != word.size()) throw std::invalid_argument(word);
+      } catch (const std::exception&) {
+        fail("{}:{}: {} is not a number", path, line_no, quoted(word, 40));
+      }
     }
   }
-  if (v.empty()) fail("{}: holds no numbers (one number per line expected)", path);
+  if (v.empty()) fail("{}: holds no numbers", path);
   return v;
 }
 
@@ -85,8 +99,9 @@ int compare_numbers(const std::vector<double>& got, const std::vector<double>& a
   return kExitOk;
 }
 
-// Reference logits for tokens at positions 0..n-1, flattened [position][vocab].
-std::vector<double> reference_logits(const Model& m, const std::vector<int32_t>& tokens) {
+// A backend's logits for tokens at positions 0..n-1, flattened [position][vocab].
+std::vector<double> backend_logits(const Model& m, const std::vector<int32_t>& tokens,
+                                   const std::string& backend_name) {
   struct Collect : Observer {
     std::vector<double> logits;
     bool wants(int, int, Stage s) const override { return s == Stage::logits; }
@@ -94,7 +109,7 @@ std::vector<double> reference_logits(const Model& m, const std::vector<int32_t>&
       for (size_t i = 0; i < d.size(); ++i) logits.push_back(d.at(i));
     }
   } collect;
-  auto backend = make_backend("reference", m);
+  auto backend = make_backend(backend_name, m);
   Batch b;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= m.config.vocab_size)
@@ -110,7 +125,7 @@ std::vector<double> reference_logits(const Model& m, const std::vector<int32_t>&
 int golden_main(int argc, char** argv) {
   CLI::App app{"parity-golden: regression gate on golden logits.\nExit: 0 pass, 1 mismatch, 2 error."};
   app.require_subcommand(1);
-  std::string model = "tiny", models_dir, golden_dir = PARITY_GOLDEN_DIR, name;
+  std::string model = "tiny", models_dir, golden_dir = default_golden_dir(), name;
   auto* check = app.add_subcommand("check", "compare the reference's logits with golden/<name>/");
   auto* update = app.add_subcommand("update", "regenerate golden/<name>/ from the reference");
   for (auto* sub : {check, update}) {
@@ -124,15 +139,26 @@ int golden_main(int argc, char** argv) {
   update->add_option("--tokens", update_tokens, "token ids (default: keep the manifest's)")->delimiter(',');
   update->add_option("--atol", update_atol, "tolerance recorded in the manifest")->capture_default_str();
   update->add_option("--rtol", update_rtol, "tolerance recorded in the manifest")->capture_default_str();
-  auto* compare = app.add_subcommand("compare", "compare two one-number-a-line logit files");
-  std::string got_file, ans_file;
-  double atol = 1e-5, rtol = 1e-5;
+  auto* compare = app.add_subcommand(
+      "compare", "compare two logit files (numbers separated by whitespace or commas, or h5dump's "
+                 "output of a dataset)");
+  std::string got_file, ans_file, backend_name = "reference";
+  // One default across the tools: the fp32 profile's, as parity-diff --profile fp32.
+  const AbsRel fp32 = tolerance_profile("fp32").base;
+  double atol = fp32.atol, rtol = fp32.rtol;
   int max_lines = 20;
   compare->add_option("got", got_file, "candidate logits")->required();
   compare->add_option("ans", ans_file, "expected logits")->required();
   compare->add_option("--atol", atol)->capture_default_str();
   compare->add_option("--rtol", rtol)->capture_default_str();
   compare->add_option("-n,--count", max_lines, "mismatch lines printed at most")->capture_default_str();
+  double check_atol = -1, check_rtol = -1;
+  check->add_option("--backend", backend_name,
+                    "the backend whose logits are gated: reference (against the manifest's "
+                    "tolerance), cpu-f32, hip (against --atol/--rtol, default the fp32 profile's)")
+      ->capture_default_str();
+  check->add_option("--atol", check_atol, "tolerance for a backend other than the reference");
+  check->add_option("--rtol", check_rtol, "tolerance for a backend other than the reference");
   if (const auto done = parse_command_line(app, "parity-golden", argc, argv)) return *done;
 
   if (*compare)
@@ -162,7 +188,7 @@ int golden_main(int argc, char** argv) {
     std::vector<int32_t> tokens = update_tokens;
     if (tokens.empty() && manifest.contains("tokens")) tokens = manifest["tokens"].get<std::vector<int32_t>>();
     if (tokens.empty()) fail("update: give --tokens (no manifest to take them from)");
-    const auto logits = reference_logits(*m, tokens);
+    const auto logits = backend_logits(*m, tokens, "reference");
     fs::create_directories(dir);
     write_numbers(logits_path.string(), logits);
     json out = {{"schema_version", kGoldenSchema},
@@ -186,11 +212,14 @@ int golden_main(int argc, char** argv) {
   for (const char* key : {"tokens", "atol", "rtol"})
     if (!manifest.contains(key)) fail("{}: missing \"{}\"", manifest_path.string(), key);
   const auto tokens = manifest["tokens"].get<std::vector<int32_t>>();
-  const auto logits = reference_logits(*m, tokens);
-  std::cout << fmt::format("golden {}: {} positions x {} logits of {}\n", name, tokens.size(),
-                           m->config.vocab_size, m->dir);
-  return compare_numbers(logits, read_numbers(logits_path.string()), manifest["atol"].get<double>(),
-                         manifest["rtol"].get<double>(), "reference", logits_path.string(), 20);
+  const auto logits = backend_logits(*m, tokens, backend_name);
+  const bool reference = backend_name == "reference";
+  const double tol_a = reference ? manifest["atol"].get<double>() : check_atol >= 0 ? check_atol : fp32.atol;
+  const double tol_r = reference ? manifest["rtol"].get<double>() : check_rtol >= 0 ? check_rtol : fp32.rtol;
+  std::cout << fmt::format("golden {}: {} positions x {} logits of {}, backend {}\n", name,
+                           tokens.size(), m->config.vocab_size, m->dir, backend_name);
+  return compare_numbers(logits, read_numbers(logits_path.string()), tol_a, tol_r, backend_name,
+                         logits_path.string(), 20);
 }
 
 }  // namespace

@@ -71,31 +71,14 @@ class OutputLock {
   int fd_ = -1;
 };
 
-// Parses a decimal int32 list; every item must be a whole number in int32 range.
-std::vector<int32_t> parse_token_list(const std::string& text) {
-  std::vector<int32_t> tokens;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(item, &used);
-      if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::out_of_range(item);
-      tokens.push_back(int32_t(v));
-    } catch (const std::exception&) {
-      fail("--tokens: \"{}\" is not a token id", item.substr(0, 40));
-    }
-  }
-  return tokens;
-}
-
 int trace_main(int argc, char** argv) {
   CLI::App app{
       "parity-trace: run the float64 reference and a candidate backend over one stage graph in "
       "lockstep, trace both into HDF5, replay every candidate stage on the reference's inputs, "
       "and name the first stage whose own (local) error exceeds its derived bound.\n"
       "Exit: 0 within the bounds, 1 diverged, 2 error."};
-  std::string model = "tiny", models_dir, tokens_text, candidate, inject_text, out, junit_path;
+  std::string model = "tiny", models_dir, candidate, inject_text, out, junit_path;
+  std::vector<int32_t> tokens;
   int token = -1, pos = -1, step_rows = 64, generate = 0;
   CriterionFlags cf;
   bool no_replay = false, free_run = false;
@@ -103,8 +86,9 @@ int trace_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--models-dir", models_dir,
                  "where presets live (default $PARITY_MODELS_DIR, else ./models)");
-  auto* o_tokens = app.add_option("--tokens", tokens_text,
-                                  "comma-separated token ids at positions 0,1,...; all traced");
+  auto* o_tokens = app.add_option("--tokens", tokens,
+                                  "comma-separated token ids at positions 0,1,...; all traced")
+                       ->delimiter(',');
   auto* o_token = app.add_option(
       "--token", token, "trace this token id at --pos, after the prefix (1 + 7919 i) mod vocab");
   auto* o_pos = app.add_option("--pos", pos, "position of --token");
@@ -165,7 +149,7 @@ int trace_main(int argc, char** argv) {
   // Everything after the command line runs here, so that an error can still leave the JUnit
   // file asked for, with the error line in it.
   const auto run = [&]() -> int {
-    if (tokens_text.empty() && token < 0 && o_token->count() == 0)
+    if (o_tokens->count() == 0 && o_token->count() == 0)
       fail("give --tokens t0,t1,... or --token T --pos P");
     if (candidate.empty()) candidate = default_candidate();
 
@@ -182,8 +166,8 @@ int trace_main(int argc, char** argv) {
     phases.push_back({"load", since(t0)});
 
     LockstepOptions lo;
-    if (!tokens_text.empty()) {
-      lo.prompt = parse_token_list(tokens_text);
+    if (o_tokens->count() > 0) {
+      lo.prompt = tokens;
       if (lo.prompt.empty()) fail("--tokens: no tokens given");
       for (size_t i = 0; i < lo.prompt.size(); ++i) lo.traced.insert(int(i));
     } else {
@@ -203,6 +187,21 @@ int trace_main(int argc, char** argv) {
       fail("position {} is past the context of {} ({} positions)", lo.prompt.size() - 1, m->dir,
            c.max_position_embeddings);
     lo.step_rows = step_rows;
+    // On a terminal, positions done and the time left, redrawn at most ten times a second.
+    const bool tty = ::isatty(STDERR_FILENO) == 1;
+    const auto started = std::chrono::steady_clock::now();
+    auto last_drawn = started;
+    if (tty)
+      lo.progress = [&](int done, int total) {
+        const auto now = std::chrono::steady_clock::now();
+        if (done < total && now - last_drawn < std::chrono::milliseconds(100)) return;
+        last_drawn = now;
+        const double spent = std::chrono::duration<double>(now - started).count();
+        const double left = done > 0 ? spent * double(total - done) / double(done) : 0.0;
+        std::cerr << fmt::format("\rparity-trace: position {} of {}, {:.0f} s, about {:.0f} s left   ",
+                                 done, total, spent, left)
+                  << (done == total ? "\n" : "") << std::flush;
+      };
     lo.replay = !no_replay;
     lo.generate = generate;
     lo.free_run = free_run;
