@@ -1,10 +1,15 @@
 #include "model/checkpoint.h"
 
+#include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <set>
+#include <string_view>
 
 #include "model/error.h"
 #include "model/numerics.h"
+#include "model/untrusted.h"
 
 namespace parity {
 namespace fs = std::filesystem;
@@ -21,15 +26,17 @@ const TensorView* expect(const TensorStore& s, const std::string& name, std::vec
                          bool real = true) {
   const TensorView& t = s.get(name);
   if (real && !is_real(t.dtype))
-    fail("{}: tensor \"{}\" has dtype {}; expected BF16, F16 or F32", t.file, name, dtype_name(t.dtype));
+    fail("{}: tensor {} has dtype {}; expected BF16, F16 or F32", t.file, quoted(name),
+         dtype_name(t.dtype));
   if (!real && t.dtype != DType::U8)
-    fail("{}: tensor \"{}\" has dtype {}; expected U8 (MXFP4 blocks/scales)", t.file, name,
+    fail("{}: tensor {} has dtype {}; expected U8 (MXFP4 blocks/scales)", t.file, quoted(name),
          dtype_name(t.dtype));
   if (t.shape != shape) {
     TensorView want;
     want.shape = shape;
-    fail("{}: tensor \"{}\" has shape {}; the config implies {}", t.file, name, t.shape_str(),
-         want.shape_str());
+    // A shape of many dimensions is cut short: the line must stay one readable line.
+    fail("{}: tensor {} has shape {}; the config implies {}", t.file, quoted(name),
+         quoted(t.shape_str(), 60), want.shape_str());
   }
   return &t;
 }
@@ -57,8 +64,8 @@ ExpertLinear expert_linear(const TensorStore& s, const std::string& prefix, Expe
     w.scales = expect(s, prefix + "_scales", {E, out, in / kMxfp4Block}, false);
     for (size_t i = 0; i < w.scales->nbytes; ++i)
       if (w.scales->data[i] == 0xff)
-        fail("{}: tensor \"{}\" holds scale byte 255 (NaN in E8M0) at element {}", w.scales->file,
-             w.scales->name, i);
+        fail("{}: tensor {} holds scale byte 255 (NaN in E8M0) at element {}", w.scales->file,
+             quoted(w.scales->name), i);
   } else {
     w.dense = expect(s, prefix, {E, in, out});
   }
@@ -66,12 +73,86 @@ ExpertLinear expert_linear(const TensorStore& s, const std::string& prefix, Expe
   return w;
 }
 
+// Every tensor a bound model reads.
+std::set<std::string> bound_tensors(const Model& m) {
+  std::set<std::string> used;
+  auto add = [&](const TensorView* t) {
+    if (t != nullptr) used.insert(t->name);
+  };
+  auto add_linear = [&](const Linear& l) {
+    add(l.weight);
+    add(l.bias);
+  };
+  auto add_experts = [&](const ExpertLinear& w) {
+    add(w.blocks);
+    add(w.scales);
+    add(w.dense);
+    add(w.bias);
+  };
+  add(m.embed);
+  for (const LayerWeights& w : m.layers) {
+    add(w.attn_norm);
+    add_linear(w.q);
+    add_linear(w.k);
+    add_linear(w.v);
+    add_linear(w.o);
+    add(w.sinks);
+    add(w.ffn_norm);
+    add_linear(w.router);
+    add_experts(w.mlp1);
+    add_experts(w.mlp2);
+  }
+  add(m.final_norm);
+  add_linear(m.lm_head);
+  return used;
+}
+
+// The layer of a "model.layers.N." tensor name, or -1. An N too large for int64 reads as the
+// largest value: it is a layer the config cannot have either way.
+int64_t layer_of(const std::string& name) {
+  static constexpr std::string_view prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  const char* first = name.data() + prefix.size();
+  const char* last = name.data() + name.size();
+  int64_t n = -1;
+  const auto [end, ec] = std::from_chars(first, last, n);
+  if (end == first || end == last || *end != '.') return -1;
+  return ec == std::errc::result_out_of_range ? std::numeric_limits<int64_t>::max() : n;
+}
+
+// A tensor the bound model does not read is refused, not ignored. The hub checkpoints and the
+// ones transformers saves hold exactly the tensors bound above, so an extra one means the
+// config and the checkpoint disagree: layers beyond num_hidden_layers (a config with fewer
+// layers would silently run a truncated model), q/k/v/o biases with attention_bias false,
+// both expert layouts at once, or weights of another architecture (QK norms, a tied or biased
+// head). Ignoring any of them would give logits that match nothing, in a tool whose job is to
+// say which numbers are wrong; a warning on stderr is too easy to miss in a trace run.
+void refuse_unused_tensors(const Model& m, const std::string& dir) {
+  const std::set<std::string> used = bound_tensors(m);
+  size_t unused = 0;
+  std::string first;
+  for (const std::string& name : m.store->names()) {
+    if (used.count(name)) continue;
+    const int64_t layer = layer_of(name);
+    if (layer >= m.config.num_hidden_layers)
+      fail("{}: holds tensor {} of layer {}, but config.json has num_hidden_layers {} (the "
+           "config and the checkpoint disagree)",
+           dir, quoted(name), layer, m.config.num_hidden_layers);
+    if (unused++ == 0) first = name;
+  }
+  if (unused > 0)
+    fail("{}: tensor {} is not part of a gpt-oss model with this config.json ({} such tensor{}; "
+         "refused rather than ignored)",
+         dir, quoted(first), unused, unused == 1 ? "" : "s");
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& dir) {
   auto m = std::make_unique<Model>();
   m->dir = dir;
-  if (!fs::is_directory(dir)) fail("{}: not a checkpoint directory", dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail("{}: not a checkpoint directory", dir);
   m->config = Config::load((fs::path(dir) / "config.json").string());
   m->store = std::make_unique<TensorStore>(dir);
   const Config& c = m->config;
@@ -109,6 +190,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir) {
   }
   m->final_norm = expect(s, "model.norm.weight", {H});
   m->lm_head = linear(s, "lm_head", c.vocab_size, H, false);
+  refuse_unused_tensors(*m, dir);
   m->fingerprint = s.fingerprint();
   return m;
 }
@@ -142,7 +224,9 @@ static inline T element(const TensorView& t, int64_t i) {
       std::memcpy(&d, t.data + 8 * i, 8);
       return T(d);
     }
-    default: fail("{}: tensor \"{}\" of dtype {} read as real numbers", t.file, t.name, dtype_name(t.dtype));
+    default:
+      fail("{}: tensor {} of dtype {} read as real numbers", t.file, quoted(t.name),
+           dtype_name(t.dtype));
   }
 }
 

@@ -1,5 +1,6 @@
 // A gpt-oss checkpoint bound to its config: every tensor located, dtype- and shape-checked, and
-// exposed as typed views. Reads the hub layout (MXFP4 experts as blocks/scales) and the layout
+// exposed as typed views; a tensor the model would not read (a layer beyond num_hidden_layers,
+// a bias with attention_bias false, an unknown name) is refused, not ignored. Reads the hub layout (MXFP4 experts as blocks/scales) and the layout
 // transformers writes for a dequantized model (gate_up_proj [E, H, 2I], down_proj [E, I, H],
 // input-major, so W1[e][j][k] = gate_up_proj[e][k][j]).
 #pragma once

@@ -9,12 +9,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <set>
 #include <tuple>
 
 #include "model/error.h"
+#include "model/untrusted.h"
 
 namespace parity {
 namespace fs = std::filesystem;
@@ -44,6 +45,32 @@ size_t dtype_size(DType d) {
   return 0;
 }
 
+namespace {
+
+// A JSON value for an error line: a string quoted and capped, a number as written, a small
+// array or object dumped and capped, a large one by its size.
+std::string excerpt(const json& v) {
+  if (v.is_string()) return quoted(v.get_ref<const std::string&>(), 40);
+  if (v.is_structured() && v.size() > 16)
+    return fmt::format("{} of {} elements", v.type_name(), v.size());
+  return quoted(v.dump(-1, ' ', false, json::error_handler_t::replace), 60);
+}
+
+// Tensor and shard names come from the files: quoted, and short enough that a line naming two
+// of them and a path stays readable.
+std::string name_of(const std::string& n) { return quoted(n, 64); }
+
+// A shard named by the index must be a file of the checkpoint directory itself. With no '/'
+// (so not absolute either) and not "." or "..", a name cannot leave the directory; a NUL would
+// cut the path short of what the check saw. 255 bytes is the longest name a Linux file system
+// holds.
+bool plain_file_name(const std::string& n) {
+  return !n.empty() && n.size() <= 255 && n.find('/') == std::string::npos &&
+         n.find('\0') == std::string::npos && n != "." && n != "..";
+}
+
+}  // namespace
+
 static bool parse_dtype(const std::string& s, DType* out) {
   static const std::pair<const char*, DType> table[] = {{"BF16", DType::BF16}, {"F16", DType::F16},
                                                         {"F32", DType::F32},   {"F64", DType::F64},
@@ -62,6 +89,15 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+int64_t TensorView::numel_checked() const {
+  int64_t n = 1;
+  for (auto d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      fail("{}: tensor {} has shape {}, whose element count does not fit in 64 bits", file,
+           name_of(name), shape_str());
+  return n;
+}
+
 std::string TensorView::shape_str() const {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -69,12 +105,22 @@ std::string TensorView::shape_str() const {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. The type
+  // is then checked on this descriptor (not on the path, which could change in between): only
+  // a regular file is mapped, never a FIFO, socket or device.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open ({})", path, std::strerror(errno));
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    fail("{}: cannot stat ({})", path, std::strerror(errno));
+    fail("{}: cannot stat ({})", path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{}: is not a regular file (a directory, FIFO, socket or device), so it cannot be a "
+         "safetensors file",
+         path);
   }
   size_ = size_t(st.st_size);
   if (size_ < 8) {
@@ -82,30 +128,30 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     fail("{}: truncated safetensors file ({} bytes; the 8-byte header length is missing)", path, size_);
   }
   map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    fail("{}: mmap failed ({})", path, std::strerror(errno));
+    fail("{}: mmap failed ({})", path, std::strerror(map_err));
   }
   try {
     const auto* base = static_cast<const uint8_t*>(map_);
     uint64_t header_len = 0;
     std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
-    if (header_len > size_ - 8)
+    // Both in 64 bits: size_ >= 8 was checked, so size_ - 8 cannot wrap.
+    if (header_len > uint64_t(size_) - 8)
       fail("{}: header length {} exceeds the file size {} (truncated or not a safetensors file)",
            path, header_len, size_);
-    if (header_len > (uint64_t(100) << 20))
-      fail("{}: absurd header length {} (over 100 MB)", path, header_len);
-    json header;
-    try {
-      header = json::parse(reinterpret_cast<const char*>(base + 8),
-                           reinterpret_cast<const char*>(base + 8 + header_len));
-    } catch (const json::parse_error& e) {
-      fail("{}: header is not valid JSON ({})", path, e.what());
-    }
+    if (header_len > kMaxHeaderBytes)
+      fail("{}: absurd header length {} (over {} bytes)", path, header_len, kMaxHeaderBytes);
+    // parse_json bounds the nesting (a 100,000-deep dtype would overflow the stack) and names
+    // the file in every error, a number out of range (1e400) included.
+    const json header =
+        parse_json(std::string_view(reinterpret_cast<const char*>(base + 8), size_t(header_len)),
+                   path + " (header)");
     if (!header.is_object()) fail("{}: header is not a JSON object", path);
     const uint8_t* data = base + 8 + header_len;
-    const size_t data_size = size_ - 8 - header_len;
+    const uint64_t data_size = uint64_t(size_) - 8 - header_len;
     struct Span {
       uint64_t begin, end;
       std::string name;
@@ -124,38 +170,45 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       const json& t = *it;
       const std::string& name = it.key();
       if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
-        fail("{}: tensor \"{}\" lacks dtype, shape or data_offsets", path, name);
+        fail("{}: tensor {} lacks dtype, shape or data_offsets", path, name_of(name));
       TensorView v;
       v.name = name;
       v.file = path;
-      if (!t["dtype"].is_string() || !parse_dtype(t["dtype"].get<std::string>(), &v.dtype))
-        fail("{}: tensor \"{}\" has unsupported dtype {}", path, name, t["dtype"].dump());
-      if (!t["shape"].is_array()) fail("{}: tensor \"{}\" shape is not an array", path, name);
-      for (const auto& d : t["shape"]) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0)
-          fail("{}: tensor \"{}\" has a bad shape {}", path, name, t["shape"].dump());
-        v.shape.push_back(d.get<int64_t>());
+      const json& dtype = t.at("dtype");
+      if (!dtype.is_string() || !parse_dtype(dtype.get_ref<const std::string&>(), &v.dtype))
+        fail("{}: tensor {} has unsupported dtype {}", path, name_of(name), excerpt(dtype));
+      const json& shape = t.at("shape");
+      if (!shape.is_array()) fail("{}: tensor {} shape is not an array", path, name_of(name));
+      // Every dimension a non-negative int64, and the product of the non-zero ones (so every
+      // partial product a reader may form, whatever the order) within int64: a shape like
+      // [0, 2^62, 2^62] has no elements but would overflow dim(1) * dim(2).
+      int64_t product = 1;
+      for (const auto& d : shape) {
+        if (!d.is_number_unsigned() ||
+            d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+          fail("{}: tensor {} has a bad shape {}", path, name_of(name), excerpt(shape));
+        const int64_t n = int64_t(d.get<uint64_t>());
+        if (n != 0 && __builtin_mul_overflow(product, n, &product))
+          fail("{}: tensor {} has an absurd shape {} (element count overflows)", path,
+               name_of(name), excerpt(shape));
+        v.shape.push_back(n);
       }
-      const auto& off = t["data_offsets"];
+      const json& off = t.at("data_offsets");
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        fail("{}: tensor \"{}\" has malformed data_offsets {}", path, name, off.dump());
+        fail("{}: tensor {} has malformed data_offsets {}", path, name_of(name), excerpt(off));
       const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
       if (b > e || e > data_size)
-        fail("{}: tensor \"{}\" data_offsets [{}, {}] lie past the end of the data ({} bytes)", path,
-             name, b, e, data_size);
+        fail("{}: tensor {} data_offsets [{}, {}] lie past the end of the data ({} bytes)", path,
+             name_of(name), b, e, data_size);
       // dtype x shape in bytes, overflow-checked: a shape like [2^32, 2^32] must not wrap to a
       // size that matches empty offsets (and numel() must never overflow later).
-      int64_t numel = 1;
+      const int64_t numel = v.numel_checked();
       uint64_t expect = 0;
-      for (auto d : v.shape)
-        if (__builtin_mul_overflow(numel, d, &numel))
-          fail("{}: tensor \"{}\" has an absurd shape {} (element count overflows)", path, name,
-               t["shape"].dump());
       if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(v.dtype)), &expect))
-        fail("{}: tensor \"{}\" has an absurd shape {} (byte size overflows)", path, name,
-             t["shape"].dump());
+        fail("{}: tensor {} has an absurd shape {} (byte size overflows)", path, name_of(name),
+             excerpt(shape));
       if (e - b != expect)
-        fail("{}: tensor \"{}\" holds {} bytes but {} {} needs {}", path, name, e - b,
+        fail("{}: tensor {} holds {} bytes but {} {} needs {}", path, name_of(name), e - b,
              dtype_name(v.dtype), v.shape_str(), expect);
       v.data = data + b;
       v.nbytes = size_t(e - b);
@@ -165,9 +218,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::sort(spans.begin(), spans.end());
     for (size_t i = 1; i < spans.size(); ++i)
       if (spans[i].begin < spans[i - 1].end)
-        fail("{}: tensor data ranges overlap: \"{}\" [{}, {}] and \"{}\" [{}, {}]", path,
-             spans[i - 1].name, spans[i - 1].begin, spans[i - 1].end, spans[i].name, spans[i].begin,
-             spans[i].end);
+        fail("{}: tensor data ranges overlap: {} [{}, {}] and {} [{}, {}]", path,
+             name_of(spans[i - 1].name), spans[i - 1].begin, spans[i - 1].end,
+             name_of(spans[i].name), spans[i].begin, spans[i].end);
   } catch (...) {
     ::munmap(map_, size_);
     map_ = nullptr;
@@ -180,34 +233,42 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 TensorStore::TensorStore(const std::string& dir) : dir_(dir) {
-  if (!fs::is_directory(dir)) fail("{}: not a directory (expected a checkpoint directory)", dir);
+  std::error_code ec;  // the error_code forms: a permission error is an Error line, not a throw
+  if (!fs::is_directory(dir, ec))
+    fail("{}: not a directory (expected a checkpoint directory)", dir);
   std::vector<std::string> files;
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
   std::map<std::string, std::string> weight_map;
-  if (fs::exists(index)) {
-    std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::parse_error& e) {
-      fail("{}: not valid JSON ({})", index.string(), e.what());
+  if (fs::exists(index, ec)) {
+    // A regular file of bounded size (a FIFO would block, /dev/zero read forever), parsed with
+    // bounded nesting; a real index is tens of KB.
+    const json j = parse_json(read_small_file(index, kMaxIndexBytes, "shard index"), index);
+    if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object())
+      fail("{}: has no \"weight_map\" object", index);
+    const json& map = j.at("weight_map");
+    if (map.empty()) fail("{}: \"weight_map\" names no tensors", index);
+    std::set<std::string> shards;  // a set: the index names each shard once per tensor
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      if (!it->is_string())
+        fail("{}: weight_map entry {} is not a file name ({})", index, name_of(it.key()),
+             excerpt(*it));
+      const std::string& shard = it->get_ref<const std::string&>();
+      if (!plain_file_name(shard))
+        fail("{}: shard {} (of tensor {}) is not a plain file name in the checkpoint directory",
+             index, quoted(shard, 48), quoted(it.key(), 32));
+      weight_map[it.key()] = shard;
+      shards.insert(shard);
     }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      fail("{}: has no \"weight_map\" object", index.string());
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it->is_string()) fail("{}: weight_map entry \"{}\" is not a file name", index.string(), it.key());
-      weight_map[it.key()] = it->get<std::string>();
-      if (std::find(files.begin(), files.end(), it->get<std::string>()) == files.end())
-        files.push_back(it->get<std::string>());
-    }
+    files.assign(shards.begin(), shards.end());
     for (const auto& f : files)
-      if (!fs::exists(fs::path(dir) / f))
-        fail("{}: names shard \"{}\", which is missing from {}", index.string(), f, dir);
-  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+      if (!fs::exists(fs::path(dir) / f, ec))
+        fail("{}: names shard {}, which is missing from {}", index, name_of(f), dir);
+  } else if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
     files.push_back("model.safetensors");
   } else {
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".safetensors") files.push_back(it->path().filename().string());
+    if (ec) fail("{}: cannot list the directory ({})", dir, ec.message());
     std::sort(files.begin(), files.end());
     if (files.empty())
       fail("{}: no model.safetensors, no model.safetensors.index.json and no *.safetensors file", dir);
@@ -219,13 +280,15 @@ TensorStore::TensorStore(const std::string& dir) : dir_(dir) {
         auto w = weight_map.find(name);
         if (w == weight_map.end() || w->second != f) continue;  // the index decides
       }
-      if (index_.count(name)) fail("{}: tensor \"{}\" appears in more than one file", dir, name);
+      if (index_.count(name))
+        fail("{}: tensor {} appears in more than one file", dir, name_of(name));
       index_[name] = &view;
     }
   }
   for (const auto& [name, f] : weight_map)
     if (!index_.count(name))
-      fail("{}: index names tensor \"{}\" in {}, but that file does not hold it", dir, name, f);
+      fail("{}: index names tensor {} in {}, but that file does not hold it", dir, name_of(name),
+           name_of(f));
 }
 
 const TensorView* TensorStore::find(const std::string& name) const {
@@ -235,7 +298,7 @@ const TensorView* TensorStore::find(const std::string& name) const {
 
 const TensorView& TensorStore::get(const std::string& name) const {
   const TensorView* v = find(name);
-  if (v == nullptr) fail("{}: missing tensor \"{}\"", dir_, name);
+  if (v == nullptr) fail("{}: missing tensor {}", dir_, name_of(name));
   return *v;
 }
 
@@ -269,14 +332,19 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Decl> decls,
     : path_(std::move(path)), tmp_(path_ + ".partial") {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  size_t off = 0;
+  int64_t off = 0;
   for (const auto& d : decls) {
-    size_t n = dtype_size(d.dtype);
-    for (auto s : d.shape) n *= size_t(s);
-    header[d.name] = {{"dtype", dtype_name(d.dtype)}, {"shape", d.shape}, {"data_offsets", {off, off + n}}};
+    int64_t n = int64_t(dtype_size(d.dtype));
+    for (auto s : d.shape) {
+      if (s < 0) fail("{}: tensor {} declared with a negative dimension", path_, name_of(d.name));
+      n = checked_mul(n, s, path_);
+    }
+    header[d.name] = {{"dtype", dtype_name(d.dtype)},
+                      {"shape", d.shape},
+                      {"data_offsets", {off, checked_add(off, n, path_)}}};
     off += n;
   }
-  total_ = off;
+  total_ = size_t(off);
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // align the data section to 8 bytes
   f_ = std::fopen(tmp_.c_str(), "wb");

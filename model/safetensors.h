@@ -23,16 +23,24 @@ struct TensorView {
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
 
+  // Element count. Views made by SafetensorsFile have shapes whose products were checked, so
+  // this cannot overflow for them; numel_checked() throws for any other view instead.
   int64_t numel() const;
+  int64_t numel_checked() const;
   int64_t dim(int i) const { return shape.at(size_t(i)); }
   std::string shape_str() const;  // "[2880, 4096]"
 };
 
-// A read-only memory mapping of one .safetensors file, its header parsed and checked: header
-// length within the file, offsets inside the data section, sizes matching dtype x shape,
-// no overlaps. Any violation throws parity::Error naming the file and the tensor.
+// A read-only memory mapping of one .safetensors file, its header parsed and checked: a
+// regular file (never a FIFO or device), header length within the file and at most
+// kMaxHeaderBytes, JSON nesting bounded, offsets inside the data section, shapes whose element
+// and byte counts fit in 64 bits and match dtype x shape, no overlaps. Any violation throws
+// parity::Error naming the file and the tensor.
 class SafetensorsFile {
  public:
+  // The safetensors format's own cap on the header (its reference reader refuses more); a
+  // real header is well under 1 MB.
+  static constexpr uint64_t kMaxHeaderBytes = 100'000'000;
   explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -51,9 +59,12 @@ class SafetensorsFile {
 };
 
 // All tensors of a checkpoint directory (single model.safetensors, or shards listed in
-// model.safetensors.index.json, or every *.safetensors when neither exists).
+// model.safetensors.index.json, or every *.safetensors when neither exists). The index is a
+// regular file of at most kMaxIndexBytes; each shard it names must be a plain file name in the
+// directory (no path, no "..": an index cannot open files elsewhere on the machine).
 class TensorStore {
  public:
+  static constexpr uint64_t kMaxIndexBytes = uint64_t(16) << 20;  // a real one is ~100 KB
   explicit TensorStore(const std::string& dir);
   const TensorView& get(const std::string& name) const;  // throws naming the directory
   const TensorView* find(const std::string& name) const;

@@ -12,25 +12,26 @@
 namespace parity {
 
 std::string Quoted::operator()(std::string_view s, size_t cap) const {
-  std::string out = "\"";
-  const size_t n = std::min(s.size(), cap);
-  for (size_t i = 0; i < n; ++i) {
+  // The cap is on what is shown: an escaped byte counts as the characters it takes.
+  std::string body;
+  size_t i = 0;
+  for (; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
+    std::string piece;
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
+      case '\n': piece = "\\n"; break;
+      case '\r': piece = "\\r"; break;
+      case '\t': piece = "\\t"; break;
+      case '"': piece = "\\\""; break;
+      case '\\': piece = "\\\\"; break;
       default:
-        if (c < 0x20 || c >= 0x7f)
-          out += fmt::format("\\x{:02x}", c);
-        else
-          out += char(c);
+        piece = c < 0x20 || c >= 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, char(c));
     }
+    if (body.size() + piece.size() > cap) break;
+    body += piece;
   }
-  out += "\"";
-  if (s.size() > n) out += fmt::format("... ({} more bytes)", s.size() - n);
+  std::string out = "\"" + body + "\"";
+  if (i < s.size()) out += fmt::format("... ({} more bytes)", s.size() - i);
   return out;
 }
 

@@ -11,7 +11,8 @@
 namespace parity {
 
 // Untrusted text for an error line: control characters and non-ASCII bytes escaped (\n, \x1b,
-// ...), at most `cap` characters of the original, then "... (N more bytes)"; in double quotes.
+// ...), at most `cap` characters shown (escapes included), then "... (N more bytes)"; in double
+// quotes.
 // A function object, not a function, so that a call with a std::string never finds std::quoted
 // by argument-dependent lookup.
 struct Quoted {

@@ -1,19 +1,27 @@
 // config.json parsing (model/config.h): the hub form (rope_scaling + top-level rope_theta) and the
 // transformers 5 form (rope_parameters) of a gpt-oss-20b config read to the same values, every
 // field of the spec is read, and each malformed config is refused with one line naming the file
-// and the problem.
+// and the problem: untrusted JSON (deep nesting, 1e400, huge values), dimensions beyond any
+// gpt-oss-like model, special files (FIFO, /dev/zero), RoPE parameters outside their domain.
 #include "model/config.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <string>
 
 #include "model/error.h"
+#include "model/synth.h"
 #include "tests/test_util.h"
 
 namespace parity {
@@ -89,20 +97,31 @@ std::string write_config(const std::string& text, const std::string& tag = "conf
   return path;
 }
 
-// Loads `j` (written to a file) and expects a parity::Error whose single-line message names the
-// file and contains every fragment.
-void expect_refused(const json& j, std::initializer_list<std::string> fragments) {
-  const std::string path = write_config(j.dump(2), "bad-config");
+// Every error is one line of bounded length (an untrusted value is never echoed whole) that
+// names the file and holds every fragment.
+constexpr size_t kMaxMessage = 300;
+void expect_message(const std::string& msg, const std::string& path,
+                    std::initializer_list<std::string> fragments) {
+  EXPECT_NE(msg.find(path), std::string::npos) << "message does not name the file: " << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "message is not one line: " << msg;
+  EXPECT_LT(msg.size(), kMaxMessage) << "message too long: " << msg.substr(0, 1000);
+  for (const auto& f : fragments)
+    EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg.substr(0, 1000);
+}
+
+// Loads `text` (written as config.json) and expects a parity::Error per expect_message.
+void expect_text_refused(const std::string& text, std::initializer_list<std::string> fragments) {
+  const std::string path = write_config(text, "bad-config");
   try {
     Config::load(path);
-    ADD_FAILURE() << "accepted: " << j.dump();
+    ADD_FAILURE() << "accepted: " << text.substr(0, 1000);
   } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(path), std::string::npos) << "message does not name the file: " << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << "message is not one line: " << msg;
-    for (const auto& f : fragments)
-      EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+    expect_message(e.what(), path, fragments);
   }
+}
+
+void expect_refused(const json& j, std::initializer_list<std::string> fragments) {
+  expect_text_refused(j.dump(2), fragments);
 }
 
 json with(json j, const std::function<void(json&)>& edit) {
@@ -326,8 +345,7 @@ TEST(ConfigErrors, FileProblems) {
     Config::load(missing);
     ADD_FAILURE() << "missing file accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
+    expect_message(e.what(), missing, {"no such file"});
   }
   for (const std::string text : {"{\"vocab_size\": 10,", "", "not json", "{\"a\": 1} trailing"}) {
     const std::string path = write_config(text, "bad-json");
@@ -455,6 +473,312 @@ TEST(ConfigErrors, RopeProblems) {
   expect_refused(with(hub_20b(), [](json& j) { j["rope_theta"] = 1; }), {"rope_theta"});
   expect_refused(with(tf5_20b(), [](json& j) { j["rope_parameters"]["rope_theta"] = -5.0; }),
                  {"rope_theta"});
+}
+
+// ---- Untrusted JSON ----------------------------------------------------------------------------
+
+// `depth` nested arrays around 1: deep enough to overflow the stack of a recursive parser,
+// dumper or comparison.
+std::string nested_arrays(int depth) {
+  return std::string(size_t(depth), '[') + "1" + std::string(size_t(depth), ']');
+}
+
+TEST(ConfigErrors, DeepNestingIsRefusedNotRecursed) {
+  const std::string hub = hub_20b().dump();
+  const std::string deep = nested_arrays(100000);
+  // As the value of a field read as a dimension, of a field nobody reads, and of the rope
+  // section: refused by the parser at its depth limit, before any dump or comparison.
+  for (const std::string key : {"hidden_size", "unread_field", "rope_scaling"}) {
+    json j = hub_20b();
+    j.erase(key);
+    std::string text = j.dump();
+    text.insert(1, "\"" + key + "\": " + deep + ", ");
+    expect_text_refused(text, {"nested deeper"});
+  }
+  // Objects as well as arrays.
+  std::string objects;
+  for (int i = 0; i < 100000; ++i) objects += "{\"a\": ";
+  objects += "1" + std::string(100000, '}');
+  expect_text_refused(objects, {"nested deeper"});
+  // Nesting a config legitimately has (3 levels) is fine.
+  EXPECT_NO_THROW(Config::load(write_config(hub)));
+}
+
+TEST(ConfigErrors, NumberOutOfDoubleRangeNamesTheFile) {
+  for (const char* key : {"rope_theta", "hidden_size", "unread_field"}) {
+    json j = hub_20b();
+    j.erase(key);
+    std::string text = j.dump();
+    text.insert(1, "\"" + std::string(key) + "\": 1e400, ");
+    expect_text_refused(text, {"out of range"});
+  }
+  std::string text = hub_20b().dump();
+  text.replace(text.find("\"factor\":32.0"), 13, "\"factor\":-1e400");
+  expect_text_refused(text, {"out of range"});
+}
+
+TEST(ConfigErrors, HugeValuesAreNotEchoedWhole) {
+  const std::string big(200000, 'A');
+  expect_refused(with(hub_20b(), [&](json& j) { j["hidden_size"] = big; }), {"hidden_size"});
+  expect_refused(with(hub_20b(), [&](json& j) { j["layer_types"][0] = big; }), {"layer_types"});
+  expect_refused(with(hub_20b(), [&](json& j) { j["rope_scaling"]["rope_type"] = big; }),
+                 {"rope type"});
+  expect_refused(with(hub_20b(), [&](json& j) { j["quantization_config"]["quant_method"] = big; }),
+                 {"quant_method"});
+  expect_refused(with(hub_20b(), [&](json& j) { j["head_dim"] = json::array({big, big}); }),
+                 {"head_dim"});
+  json many = json::array();
+  for (int i = 0; i < 100000; ++i) many.push_back(i);
+  expect_refused(with(hub_20b(), [&](json& j) { j["num_attention_heads"] = many; }),
+                 {"num_attention_heads", "100000 elements"});
+  // Control characters and escapes in a value are escaped, so the message stays one line.
+  expect_refused(with(hub_20b(), [](json& j) { j["layer_types"][0] = "x\ny\x1b[31m"; }),
+                 {"x\\ny\\x1b[31m"});
+  // Token ids: a list's first entry read, an integer outside int refused rather than wrapped.
+  expect_refused(with(hub_20b(), [](json& j) { j["eos_token_id"] = int64_t(1) << 40; }),
+                 {"eos_token_id", "out of range"});
+  expect_refused(with(hub_20b(), [](json& j) { j["pad_token_id"] = {int64_t(1) << 40}; }),
+                 {"pad_token_id", "out of range"});
+}
+
+// ---- Dimensions beyond any gpt-oss-like model ---------------------------------------------------
+
+TEST(ConfigErrors, DimensionsBeyondAnyModelAreRefused) {
+  const int big = std::numeric_limits<int>::max();
+  const std::pair<const char*, int> cases[] = {
+      {"intermediate_size", big},                            // 2I overflowed int
+      {"intermediate_size", ConfigLimits::kMaxIntermediate + 1},
+      {"head_dim", 1 << 30},                                 // q_dim overflowed int
+      {"head_dim", ConfigLimits::kMaxHeadDim + 2},
+      {"hidden_size", ConfigLimits::kMaxHidden + 1},
+      {"vocab_size", ConfigLimits::kMaxVocab + 1},
+      {"num_attention_heads", ConfigLimits::kMaxHeads * 8},  // a multiple of 8 KV heads
+      {"num_local_experts", ConfigLimits::kMaxExperts + 1},
+      {"max_position_embeddings", ConfigLimits::kMaxContext + 1},
+      {"sliding_window", big},
+  };
+  for (const auto& [key, value] : cases)
+    expect_refused(with(hub_20b(), [&](json& j) { j[key] = value; }), {key, "at most"});
+  expect_refused(with(hub_20b(),
+                      [](json& j) {
+                        j["num_key_value_heads"] = ConfigLimits::kMaxHeads + 1;
+                        j["num_attention_heads"] = ConfigLimits::kMaxHeads + 1;
+                      }),
+                 {"num_attention_heads", "at most"});
+  expect_refused(with(hub_20b(), [](json& j) { j["sliding_window"] = 200000; }),
+                 {"sliding_window (200000)", "max_position_embeddings (131072)"});
+  expect_refused(
+      with(hub_20b(),
+           [](json& j) { j["rope_scaling"]["original_max_position_embeddings"] = 1 << 30; }),
+      {"original_max_position_embeddings", "at most"});
+  expect_refused(with(hub_20b(), [](json& j) { j["initial_context_length"] = -4096; }),
+                 {"initial_context_length", "positive"});
+}
+
+TEST(ConfigErrors, AbsurdLayerCountIsRefusedBeforeAnyWork) {
+  // Without layer_types the default list would be built num_hidden_layers long: 2^31 - 1
+  // entries took 17 s and 600 MB before the count was checked.
+  const auto start = std::chrono::steady_clock::now();
+  expect_refused(with(hub_20b(),
+                      [](json& j) {
+                        j.erase("layer_types");
+                        j["num_hidden_layers"] = std::numeric_limits<int>::max();
+                      }),
+                 {"num_hidden_layers", "at most 1024"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  json many = json::array();
+  for (int l = 0; l < 5000; ++l) many.push_back("full_attention");
+  expect_refused(with(hub_20b(), [&](json& j) { j["layer_types"] = many; }),
+                 {"layer_types", "5000 entries"});
+}
+
+TEST(Config, TheBoundsAdmitEveryRealConfig) {
+  // The hub's 20b and 120b, the synthetic presets, transformers' tiny one and the unit tests'.
+  json c120 = hub_20b();
+  c120["num_hidden_layers"] = 36;
+  c120["num_local_experts"] = 128;
+  c120.erase("layer_types");
+  EXPECT_NO_THROW(Config::from_json(c120, "120b"));
+  EXPECT_NO_THROW(Config::from_json(hub_20b(), "20b"));
+  EXPECT_NO_THROW(Config::from_json(tf5_20b(), "20b tf5"));
+  for (const char* preset : {"tiny", "20b", "120b"})
+    EXPECT_NO_THROW(synth_preset(preset).config.validate(preset)) << preset;
+  for (const char* golden : {"hf-tiny", "hf-large"})
+    EXPECT_NO_THROW(Config::load(std::string(PARITY_SOURCE_DIR) + "/golden/" + golden +
+                                 "/config.json"))
+        << golden;
+  EXPECT_NO_THROW(test::small_config());
+
+  // Every dimension at its bound at once: accepted, and the derived sizes are exact.
+  json j = hub_20b();
+  j["vocab_size"] = ConfigLimits::kMaxVocab;
+  j["hidden_size"] = ConfigLimits::kMaxHidden;
+  j["num_attention_heads"] = ConfigLimits::kMaxHeads;
+  j["num_key_value_heads"] = ConfigLimits::kMaxHeads;
+  j["head_dim"] = ConfigLimits::kMaxHeadDim;
+  j["intermediate_size"] = ConfigLimits::kMaxIntermediate;
+  j["num_local_experts"] = ConfigLimits::kMaxExperts;
+  j["num_experts_per_tok"] = j["experts_per_token"] = ConfigLimits::kMaxExperts;
+  j["max_position_embeddings"] = ConfigLimits::kMaxContext;
+  j["sliding_window"] = ConfigLimits::kMaxContext;
+  j["num_hidden_layers"] = ConfigLimits::kMaxLayers;
+  j.erase("layer_types");
+  const Config c = Config::from_json(j, "largest");
+  EXPECT_EQ(int64_t(c.q_dim()), int64_t(1024) * 1024);
+  EXPECT_EQ(int64_t(c.qkv_dim()), int64_t(3) * 1024 * 1024);
+  EXPECT_EQ(c.heads_per_kv(), 1);
+  EXPECT_EQ(c.layer_is_sliding.size(), size_t(ConfigLimits::kMaxLayers));
+  const Rope r = Rope::from_config(c);
+  ASSERT_EQ(r.inv_freq.size(), 512u);
+  for (double f : r.inv_freq) EXPECT_TRUE(std::isfinite(f) && f > 0);
+}
+
+// ---- Special files -----------------------------------------------------------------------------
+
+// Runs `load`, which must throw a parity::Error naming `path` with every fragment, on another
+// thread, and fails if it has not returned within 5 s: a reader blocked on the FIFO `fifo` (""
+// when `path` is no FIFO). Then it opens the FIFO for writing and closes it, so the blocked
+// reader sees end of file and the test ends rather than hanging until ctest's timeout.
+void expect_prompt_refusal(const std::function<void()>& load, const std::string& fifo,
+                           const std::string& path, std::initializer_list<std::string> fragments) {
+  auto result = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      load();
+      return "accepted";
+    } catch (const Error& e) {
+      return std::string("error: ") + e.what();
+    }
+  });
+  if (result.wait_for(std::chrono::seconds(5)) == std::future_status::timeout) {
+    ADD_FAILURE() << "still blocked after 5 s on " << path;
+    // ENXIO until the reader's open() is under way; a few tries cover that race.
+    for (int i = 0; !fifo.empty() && i < 500 &&
+                    result.wait_for(std::chrono::milliseconds(10)) == std::future_status::timeout;
+         ++i) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  const std::string got = result.get();
+  ASSERT_EQ(got.rfind("error: ", 0), 0u) << got;
+  expect_message(got, path, fragments);
+}
+
+TEST(ConfigErrors, SpecialFilesAreRefusedPromptly) {
+  {
+    const std::string path = (fs::path(test::temp_dir("fifo-config")) / "config.json").string();
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+    expect_prompt_refusal([&] { Config::load(path); }, path, path, {"not a regular file"});
+  }
+  {
+    // /dev/zero would read without end.
+    const std::string path = (fs::path(test::temp_dir("zero-config")) / "config.json").string();
+    fs::create_symlink("/dev/zero", path);
+    expect_prompt_refusal([&] { Config::load(path); }, "", path, {"not a regular file"});
+  }
+  {
+    const std::string path = (fs::path(test::temp_dir("dir-config")) / "config.json").string();
+    fs::create_directory(path);
+    expect_prompt_refusal([&] { Config::load(path); }, "", path, {"directory"});
+  }
+  {
+    // A sparse 17 MB file: refused by its size, before it is read.
+    const std::string path = write_config("{}", "huge-config");
+    fs::resize_file(path, Config::kMaxFileBytes + 1);
+    expect_prompt_refusal([&] { Config::load(path); }, "", path,
+                          {std::to_string(Config::kMaxFileBytes + 1), "bytes"});
+  }
+}
+
+// ---- RoPE and the other real parameters ---------------------------------------------------------
+
+TEST(ConfigErrors, RealParametersOutsideTheirDomain) {
+  // Each of these gave NaN or meaningless RoPE tables (or a NaN norm or clamp) silently.
+  const std::pair<const char*, double> rope_cases[] = {
+      {"beta_fast", -32.0}, {"beta_fast", 0.0}, {"beta_slow", -1.0},
+      {"beta_slow", 0.0},   {"factor", 0.0},    {"factor", -32.0},
+  };
+  for (const auto& [key, value] : rope_cases) {
+    expect_refused(with(hub_20b(), [&](json& j) { j["rope_scaling"][key] = value; }), {key});
+    expect_refused(with(tf5_20b(), [&](json& j) { j["rope_parameters"][key] = value; }), {key});
+  }
+  expect_refused(with(hub_20b(), [](json& j) { j["rope_theta"] = 0; }), {"rope_theta"});
+  expect_refused(with(hub_20b(), [](json& j) { j["rope_theta"] = -150000; }), {"rope_theta"});
+  expect_refused(
+      with(hub_20b(), [](json& j) { j["rope_scaling"]["original_max_position_embeddings"] = -5; }),
+      {"original_max_position_embeddings"});
+  expect_refused(with(hub_20b(), [](json& j) { j["rms_norm_eps"] = -1e-5; }), {"rms_norm_eps"});
+  expect_refused(with(hub_20b(), [](json& j) { j["swiglu_limit"] = 0; }), {"swiglu_limit"});
+  // beta_fast <= beta_slow: the ramp would run backwards (or divide by zero).
+  expect_refused(with(hub_20b(), [](json& j) { j["rope_scaling"]["beta_fast"] = 1.0; }),
+                 {"beta_fast > beta_slow"});
+  expect_refused(with(hub_20b(), [](json& j) { j["rope_scaling"]["beta_fast"] = 0.5; }),
+                 {"beta_fast > beta_slow"});
+
+  // NaN and infinity cannot be written in JSON; a config built in code can hold them.
+  const Config good = Config::from_json(hub_20b(), "20b");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::pair<const char*, std::function<void(Config&, double)>> fields[] = {
+      {"rms_norm_eps", [](Config& c, double v) { c.rms_norm_eps = v; }},
+      {"swiglu_limit", [](Config& c, double v) { c.swiglu_limit = v; }},
+      {"rope_theta", [](Config& c, double v) { c.rope_theta = v; }},
+      {"factor", [](Config& c, double v) { c.rope_factor = v; }},
+      {"beta_fast", [](Config& c, double v) { c.rope_beta_fast = v; }},
+      {"beta_slow", [](Config& c, double v) { c.rope_beta_slow = v; }},
+  };
+  for (const auto& [name, set] : fields)
+    for (double v : {nan, inf, -inf}) {
+      Config c = good;
+      set(c, v);
+      try {
+        c.validate("code-built config");
+        ADD_FAILURE() << name << " = " << v << " accepted";
+      } catch (const Error& e) {
+        expect_message(e.what(), "code-built config", {name});
+      }
+    }
+}
+
+TEST(ConfigErrors, YarnRampOutsideTheRotaryPairs) {
+  // The 20b's ramp, as Rope computes it: the spec's 8.0928 and 17.3980 of 31 pairs.
+  const Rope::YarnRamp r = Rope::yarn_ramp(Config::from_json(hub_20b(), "20b"));
+  EXPECT_NEAR(r.low, 8.092779, 1e-6);
+  EXPECT_NEAR(r.high, 17.398024, 1e-6);
+  // low <= 0: beta_fast rotations do not fit the original context even at pair 0
+  // (4096 / (2 pi 1000) < 1). The official reference asserts, transformers clamps to 0.
+  expect_refused(with(hub_20b(), [](json& j) { j["rope_scaling"]["beta_fast"] = 1000.0; }),
+                 {"YaRN ramp", "head_dim 64", "beta_fast"});
+  // high > d - 1: a small theta puts the ramp's end past the last pair (transformers clamps).
+  expect_refused(with(hub_20b(), [](json& j) { j["rope_theta"] = 10.0; }),
+                 {"YaRN ramp", "rope_theta"});
+  // Factor 1 is plain RoPE, which has no ramp: no bound applies.
+  EXPECT_NO_THROW(Config::from_json(with(hub_20b(),
+                                         [](json& j) {
+                                           j["rope_scaling"]["factor"] = 1.0;
+                                           j["rope_scaling"]["beta_fast"] = 1000.0;
+                                         }),
+                                    "factor 1"));
+  // Accepted ramps give finite tables, truncate (floor/ceil) included.
+  for (bool truncate : {false, true}) {
+    json j = hub_20b();
+    j["rope_scaling"]["truncate"] = truncate;
+    const Rope rope = Rope::from_config(Config::from_json(j, "20b"));
+    for (double f : rope.inv_freq) EXPECT_TRUE(std::isfinite(f) && f > 0) << truncate;
+  }
+}
+
+TEST(ConfigErrors, RopeTablesOfAnInvalidHeadDimAreRefused) {
+  for (int d : {0, -2, 3, ConfigLimits::kMaxHeadDim + 2, std::numeric_limits<int>::min()}) {
+    Config c;
+    c.head_dim = d;
+    EXPECT_THROW(Rope::from_config(c), Error) << d;
+  }
+}
+
+TEST(ConfigErrors, UnsupportedQuantization) {
+  expect_refused(with(hub_20b(), [](json& j) { j["quantization_config"]["quant_method"] = "fp8"; }),
+                 {"quant_method", "\"fp8\""});
 }
 
 }  // namespace

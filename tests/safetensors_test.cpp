@@ -2,17 +2,25 @@
 // little-endian header length, JSON header, data), sharded checkpoints through
 // model.safetensors.index.json, every malformed case the reader must refuse with one line naming
 // the file, and the checkpoint binding (model/checkpoint.h) on a synthetic tiny checkpoint that
-// is then corrupted: wrong shape, wrong dtype, missing tensor, scale byte 255.
+// is then corrupted: wrong shape, wrong dtype, missing tensor, scale byte 255, layers or tensors
+// the config does not have. Untrusted input never crashes, hangs or over-allocates: deep JSON,
+// 1e400, huge names, FIFOs and devices, index entries naming files outside the directory.
 #include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <string>
 #include <vector>
@@ -63,18 +71,26 @@ std::string write_st(const std::string& dir, const std::string& name, const std:
   return path;
 }
 
-// Runs `f` and expects a parity::Error: one line, naming `where`, holding every fragment.
+// An error message: one line of bounded length (an untrusted value is never echoed whole),
+// naming `where`, holding every fragment.
+constexpr size_t kMaxMessage = 300;
+void expect_message(const std::string& msg, const std::string& where,
+                    std::initializer_list<std::string> fragments) {
+  EXPECT_NE(msg.find(where), std::string::npos) << "does not name " << where << ": " << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+  EXPECT_LT(msg.size(), kMaxMessage) << "too long: " << msg.substr(0, 1000);
+  for (const auto& s : fragments)
+    EXPECT_NE(msg.find(s), std::string::npos) << "'" << s << "' not in: " << msg.substr(0, 1000);
+}
+
+// Runs `f` and expects a parity::Error per expect_message.
 void expect_error(const std::function<void()>& f, const std::string& where,
                   std::initializer_list<std::string> fragments) {
   try {
     f();
     ADD_FAILURE() << "no error; expected one naming " << where;
   } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(where), std::string::npos) << "does not name " << where << ": " << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
-    for (const auto& s : fragments)
-      EXPECT_NE(msg.find(s), std::string::npos) << "'" << s << "' not in: " << msg;
+    expect_message(e.what(), where, fragments);
   }
 }
 
@@ -429,6 +445,225 @@ TEST(SafetensorsErrors, OverlappingOffsets) {
   EXPECT_EQ(SafetensorsFile(path).tensors().size(), 2u);
 }
 
+// ---- Untrusted headers ------------------------------------------------------------------------
+
+// `depth` nested arrays around 1: deep enough to overflow the stack of a recursive parser,
+// dumper or comparison.
+std::string nested_arrays(int depth) {
+  return std::string(size_t(depth), '[') + "1" + std::string(size_t(depth), ']');
+}
+
+// A header of one U8 [1] tensor "w" whose `field` is written as `value` (raw JSON text).
+std::string header_with(const std::string& field, const std::string& value) {
+  json fields = {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {0, 1}}};
+  fields.erase(field);
+  std::string entry_text = fields.dump();
+  entry_text.insert(1, "\"" + field + "\": " + value + (fields.empty() ? "" : ", "));
+  return "{\"w\": " + entry_text + "}";
+}
+
+TEST(SafetensorsErrors, DeepNestingInAHeaderIsRefusedNotRecursed) {
+  // A 100,000-deep dtype overflowed the stack (in the error message's dump, in a comparison).
+  const std::string deep = nested_arrays(100000);
+  for (const std::string field : {"dtype", "shape", "data_offsets"})
+    expect_file_refused(st_bytes(header_with(field, deep), "\x01"), {"(header)", "nested deeper"});
+  expect_file_refused(st_bytes("{\"__metadata__\": {\"x\": " + deep + "}}", ""),
+                      {"nested deeper"});
+  // 64 levels are what parse_json allows: a dtype nested 60 deep is parsed, then refused as a
+  // dtype, with the value cut short in the message.
+  expect_file_refused(st_bytes(header_with("dtype", nested_arrays(60)), "\x01"),
+                      {"\"w\"", "unsupported dtype", "more bytes"});
+}
+
+TEST(SafetensorsErrors, NumberOutOfRangeInAHeaderNamesTheFile) {
+  expect_file_refused(st_bytes(header_with("shape", "[1e400]"), "\x01"),
+                      {"(header)", "out of range"});
+  expect_file_refused(st_bytes(header_with("data_offsets", "[0, -1e400]"), "\x01"),
+                      {"out of range"});
+  expect_file_refused(st_bytes(std::string("{\"__metadata__\": {\"n\": 1e400}}"), ""),
+                      {"out of range"});
+}
+
+TEST(SafetensorsErrors, HugeNamesAndValuesAreNotEchoedWhole) {
+  const std::string big(100000, 'n');
+  expect_file_refused(st_bytes(json{{big, entry("Q4", {1}, 0, 1)}}, "\x01"),
+                      {"unsupported dtype", "more bytes"});
+  expect_file_refused(st_bytes(json{{"w", entry(big, {1}, 0, 1)}}, "\x01"),
+                      {"\"w\"", "unsupported dtype", "more bytes"});
+  json many = json::array();
+  for (int i = 0; i < 100000; ++i) many.push_back(-1);
+  expect_file_refused(st_bytes(header_with("shape", many.dump()), "\x01"),
+                      {"\"w\"", "100000 elements"});
+  const std::string a(5000, 'a'), b(5000, 'b');
+  expect_file_refused(st_bytes(json{{a, entry("U8", {4}, 0, 4)}, {b, entry("U8", {4}, 2, 6)}},
+                               std::string(8, '\0')),
+                      {"overlap", "more bytes"});
+  // Control characters in a name are escaped: the message stays one line on a terminal.
+  expect_file_refused(st_bytes(json{{"w\n\x1b[2J", entry("Q4", {1}, 0, 1)}}, "\x01"),
+                      {"\"w\\n\\x1b[2J\""});
+}
+
+TEST(SafetensorsErrors, ShapesWhoseProductsOverflow) {
+  const int64_t big = int64_t(1) << 62;
+  // No elements, but dim(1) * dim(2) would overflow for a reader that multiplies them.
+  expect_file_refused(st_bytes(json{{"w", entry("U8", {0, big, big}, 0, 0)}}, std::string(8, '\0')),
+                      {"\"w\"", "overflows"});
+  // A dimension beyond int64.
+  expect_file_refused(
+      st_bytes(header_with("shape", "[9223372036854775808]"), "\x01"), {"\"w\"", "bad shape"});
+  const int64_t b31 = int64_t(1) << 31;
+  expect_file_refused(
+      st_bytes(json{{"w", entry("BF16", {b31, b31, b31}, 0, 0)}}, std::string(8, '\0')),
+      {"\"w\"", "overflows"});
+  // Elements that fit but bytes that do not: 2^62 F64.
+  expect_file_refused(st_bytes(json{{"w", entry("F64", {big}, 0, 0)}}, std::string(8, '\0')),
+                      {"\"w\"", "byte size overflows"});
+}
+
+TEST(SafetensorsErrors, HeaderLengthOverTheCapInALongEnoughFile) {
+  // A (sparse) file long enough to hold the declared header: refused by the cap, unparsed.
+  const uint64_t len = SafetensorsFile::kMaxHeaderBytes + 1;
+  const std::string path = write_st(test::temp_dir("st-cap"), "big.safetensors", le64(len) + "{");
+  fs::resize_file(path, 8 + len + 16);
+  expect_error([&] { SafetensorsFile f(path); }, path, {"header length", std::to_string(len)});
+}
+
+// ---- Special files and paths -------------------------------------------------------------------
+
+// Runs `load`, which must throw a parity::Error naming `where` with every fragment, on another
+// thread, and fails if it has not returned within 5 s: a reader blocked on the FIFO `fifo` (""
+// when none is involved). Then it opens the FIFO for writing and closes it, so the blocked
+// reader sees end of file and the test ends rather than hanging until ctest's timeout.
+void expect_prompt_refusal(const std::function<void()>& load, const std::string& fifo,
+                           const std::string& where, std::initializer_list<std::string> fragments) {
+  auto result = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      load();
+      return "accepted";
+    } catch (const Error& e) {
+      return std::string("error: ") + e.what();
+    }
+  });
+  if (result.wait_for(std::chrono::seconds(5)) == std::future_status::timeout) {
+    ADD_FAILURE() << "still blocked after 5 s (" << where << ")";
+    // ENXIO until the reader's open() is under way; a few tries cover that race.
+    for (int i = 0; !fifo.empty() && i < 500 &&
+                    result.wait_for(std::chrono::milliseconds(10)) == std::future_status::timeout;
+         ++i) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  const std::string got = result.get();
+  ASSERT_EQ(got.rfind("error: ", 0), 0u) << got;
+  expect_message(got, where, fragments);
+}
+
+std::string make_fifo(const std::string& path) {
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path << ": " << std::strerror(errno);
+  return path;
+}
+
+TEST(SafetensorsErrors, SpecialFilesAreRefusedPromptly) {
+  const std::string index_name = "model.safetensors.index.json";
+  {  // opened directly
+    const std::string fifo = make_fifo(test::temp_dir("st-fifo") + "/x.safetensors");
+    expect_prompt_refusal([&] { SafetensorsFile f(fifo); }, fifo, fifo, {"not a regular file"});
+  }
+  {  // the single-file checkpoint
+    const std::string dir = test::temp_dir("st-fifo");
+    const std::string fifo = make_fifo(dir + "/model.safetensors");
+    expect_prompt_refusal([&] { TensorStore s(dir); }, fifo, fifo, {"not a regular file"});
+  }
+  {  // a shard the index names
+    const std::string dir = write_two_shards(test::temp_dir("st-fifo"));
+    const std::string fifo = make_fifo(dir + "/c.safetensors");
+    write_index(dir, {{"x", "a.safetensors"}, {"z", "c.safetensors"}});
+    expect_prompt_refusal([&] { TensorStore s(dir); }, fifo, fifo, {"not a regular file"});
+  }
+  {  // the index itself
+    const std::string dir = write_two_shards(test::temp_dir("st-fifo"));
+    const std::string fifo = make_fifo(dir + "/" + index_name);
+    expect_prompt_refusal([&] { TensorStore s(dir); }, fifo, fifo, {"not a regular file"});
+  }
+  {  // found by the directory scan (no index, no model.safetensors)
+    const std::string dir = write_two_shards(test::temp_dir("st-fifo"));
+    const std::string fifo = make_fifo(dir + "/c.safetensors");
+    expect_prompt_refusal([&] { TensorStore s(dir); }, fifo, fifo, {"not a regular file"});
+  }
+  {  // devices: /dev/zero as the model and as the index
+    const std::string dir = test::temp_dir("st-zero");
+    fs::create_symlink("/dev/zero", dir + "/model.safetensors");
+    expect_prompt_refusal([&] { TensorStore s(dir); }, "", dir + "/model.safetensors",
+                          {"not a regular file"});
+    fs::create_symlink("/dev/zero", dir + "/" + index_name);
+    expect_prompt_refusal([&] { TensorStore s(dir); }, "", index_name, {"not a regular file"});
+  }
+  {  // a directory where the model should be
+    const std::string dir = test::temp_dir("st-dir");
+    fs::create_directory(dir + "/model.safetensors");
+    expect_prompt_refusal([&] { TensorStore s(dir); }, "", dir + "/model.safetensors",
+                          {"not a regular file"});
+  }
+  {  // an index larger than any index (sparse): refused by its size, unread
+    const std::string dir = write_two_shards(test::temp_dir("st-bigindex"));
+    write_index(dir, {{"x", "a.safetensors"}});
+    fs::resize_file(dir + "/" + index_name, TensorStore::kMaxIndexBytes + 1);
+    expect_prompt_refusal([&] { TensorStore s(dir); }, "", index_name,
+                          {std::to_string(TensorStore::kMaxIndexBytes + 1)});
+  }
+}
+
+TEST(SafetensorsErrors, IndexProblemsOfUntrustedJson) {
+  const std::string index_name = "model.safetensors.index.json";
+  const std::string dir = write_two_shards(test::temp_dir("st-index-json"));
+  const std::string index = dir + "/" + index_name;
+  write_file(index, "{\"weight_map\": " + nested_arrays(100000) + "}");
+  expect_error([&] { TensorStore s(dir); }, index, {"nested deeper"});
+  write_file(index,
+             "{\"metadata\": {\"total_size\": 1e400}, \"weight_map\": {\"x\": \"a.safetensors\"}}");
+  expect_error([&] { TensorStore s(dir); }, index, {"out of range"});
+  write_index(dir, json::object());
+  expect_error([&] { TensorStore s(dir); }, index, {"names no tensors"});
+  write_file(index, "[]");
+  expect_error([&] { TensorStore s(dir); }, index, {"weight_map"});
+  // A huge tensor name in an entry that is not a file name: cut short.
+  write_index(dir, {{std::string(100000, 't'), json::array()}});
+  expect_error([&] { TensorStore s(dir); }, index, {"not a file name", "more bytes"});
+}
+
+TEST(SafetensorsErrors, IndexCannotNameFilesOutsideTheDirectory) {
+  // A valid shard outside the checkpoint directory holding x: were it opened, the load would
+  // succeed.
+  const std::string parent = test::temp_dir("st-escape");
+  write_st(parent, "outside.safetensors",
+           st_bytes(json{{"x", entry("F32", {2}, 0, 8)}}, bytes_of(std::vector<float>{1, 2})));
+  const std::string dir = (fs::path(parent) / "ckpt").string();
+  fs::create_directory(dir);
+  write_two_shards(dir);
+  fs::create_directory(dir + "/sub");
+  write_st(dir + "/sub", "a.safetensors",
+           st_bytes(json{{"x", entry("F32", {2}, 0, 8)}}, bytes_of(std::vector<float>{1, 2})));
+  const std::string index = dir + "/model.safetensors.index.json";
+  const std::string names[] = {"../outside.safetensors",
+                               parent + "/outside.safetensors",
+                               "sub/a.safetensors",
+                               "./a.safetensors",
+                               "..",
+                               ".",
+                               "",
+                               std::string("a.safetensors\0.x", 16),
+                               std::string(300, 'a')};
+  for (const std::string& name : names) {
+    write_index(dir, {{"x", name}, {"z", "b.safetensors"}});
+    SCOPED_TRACE(name);
+    expect_error([&] { TensorStore s(dir); }, index, {"not a plain file name", "\"x\""});
+  }
+  // The same shard by its plain name is read.
+  write_index(dir, {{"x", "a.safetensors"}, {"z", "b.safetensors"}});
+  EXPECT_EQ(TensorStore(dir).names(), (std::vector<std::string>{"x", "z"}));
+}
+
 // ---- Checkpoint binding ----------------------------------------------------------------------
 
 // A fresh copy of the tiny synthetic checkpoint (2 shards + index) to corrupt.
@@ -625,7 +860,7 @@ TEST(SafetensorsCheckpoint, MissingTensorIsRefused) {
   {  // config.json missing
     const std::string dir = tiny_copy("ckpt-missing");
     fs::remove(fs::path(dir) / "config.json");
-    expect_error([&] { Model::load(dir); }, "config.json", {"cannot open"});
+    expect_error([&] { Model::load(dir); }, "config.json", {"no such file"});
   }
 }
 
@@ -645,6 +880,66 @@ TEST(SafetensorsCheckpoint, OriginalLayoutGetsAHint) {
       dir, "model.safetensors",
       st_bytes(json{{"block.0.attn.qkv.weight", entry("BF16", {1}, 0, 2)}}, std::string(2, '\0')));
   expect_error([&] { Model::load(dir); }, dir, {"original/", "Hugging Face"});
+}
+
+// Rewrites the checkpoint's config.json through `edit`.
+void edit_config(const std::string& dir, const std::function<void(json&)>& edit) {
+  const fs::path cfg = fs::path(dir) / "config.json";
+  std::ifstream in(cfg);
+  json j = json::parse(in);
+  in.close();
+  edit(j);
+  write_file(cfg.string(), j.dump());
+}
+
+TEST(SafetensorsCheckpoint, LayersTheConfigLacksAreRefused) {
+  // A config with fewer layers than the checkpoint ran a truncated model without a word.
+  const std::string dir = tiny_copy("ckpt-layers");
+  edit_config(dir, [](json& j) {
+    j["num_hidden_layers"] = 2;
+    j["layer_types"] = {"sliding_attention", "full_attention"};
+  });
+  expect_error([&] { Model::load(dir); }, dir,
+               {"model.layers.2.", "of layer 2", "num_hidden_layers 2"});
+}
+
+TEST(SafetensorsCheckpoint, TensorsTheModelDoesNotUseAreRefused) {
+  const auto add_tensor = [](const std::string& dir, const std::string& name, DType dtype,
+                             std::vector<int64_t> shape) {
+    rewrite_shard(dir, shard_of(dir, "model.norm.weight"), [&](std::vector<Tensor>& ts) {
+      int64_t n = int64_t(dtype_size(dtype));
+      for (auto d : shape) n *= d;
+      ts.push_back({{name, dtype, shape}, std::string(size_t(n), '\0')});
+    });
+  };
+  {  // a weight of another architecture (a QK norm)
+    const std::string dir = tiny_copy("ckpt-extra");
+    add_tensor(dir, "model.layers.1.self_attn.q_norm.weight", DType::BF16, {16});
+    expect_error([&] { Model::load(dir); }, dir,
+                 {"\"model.layers.1.self_attn.q_norm.weight\"", "1 such tensor;"});
+  }
+  {  // attention_bias false while the checkpoint holds the biases: they would be dropped
+    const std::string dir = tiny_copy("ckpt-extra");
+    edit_config(dir, [](json& j) { j["attention_bias"] = false; });
+    expect_error([&] { Model::load(dir); }, dir,
+                 {"\"model.layers.0.self_attn.k_proj.bias\"", "16 such tensors"});
+  }
+  {  // both expert layouts at once: the dense one would be ignored
+    const std::string dir = tiny_copy("ckpt-extra");
+    add_tensor(dir, "model.layers.0.mlp.experts.gate_up_proj", DType::BF16, {8, 64, 128});
+    expect_error([&] { Model::load(dir); }, dir, {"\"model.layers.0.mlp.experts.gate_up_proj\""});
+  }
+  {  // a layer number beyond int64
+    const std::string dir = tiny_copy("ckpt-extra");
+    add_tensor(dir, "model.layers.99999999999999999999999.x", DType::U8, {1});
+    expect_error([&] { Model::load(dir); }, dir, {"of layer 9223372036854775807"});
+  }
+}
+
+TEST(SafetensorsCheckpoint, AbsurdConfigIsRefusedBeforeTheTensors) {
+  const std::string dir = tiny_copy("ckpt-absurd");
+  edit_config(dir, [](json& j) { j["intermediate_size"] = 2147483647; });
+  expect_error([&] { Model::load(dir); }, "config.json", {"intermediate_size", "at most"});
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ TEST(Untrusted, QuotedEscapesAndCaps) {
   EXPECT_EQ(quoted("a\nb\x1b"), "\"a\\nb\\x1b\"");
   EXPECT_EQ(quoted(std::string(100, 'x'), 10), "\"xxxxxxxxxx\"... (90 more bytes)");
   EXPECT_EQ(quoted("\xc3\xa9"), "\"\\xc3\\xa9\"");
+  EXPECT_EQ(quoted(std::string(100, '\x01'), 10), "\"\\x01\\x01\"... (98 more bytes)")
+      << "the cap counts escapes as shown";
 }
 
 TEST(Untrusted, OneLineEscapesControlCharactersOnly) {
