@@ -15,14 +15,6 @@ namespace {
 using nlohmann::json;
 using L = ConfigLimits;
 
-// A JSON value for an error line: a string quoted and capped, a number as written, a small
-// array or object dumped and capped, a large one by its size (its dump could be megabytes).
-std::string excerpt(const json& v) {
-  if (v.is_string()) return quoted(v.get_ref<const std::string&>(), 60);
-  if (v.is_structured() && v.size() > 16)
-    return fmt::format("{} of {} elements", v.type_name(), v.size());
-  return quoted(v.dump(-1, ' ', false, json::error_handler_t::replace), 60);
-}
 
 // JSON value -> T, strictly: nlohmann's get<int>() would silently truncate 2880.5, read true as
 // 1 and wrap 2^32 + 64 to 64, so a dimension must be a JSON integer in int range; a real any
@@ -32,12 +24,12 @@ T convert(const json& v, const char* key, const std::string& src) {
   if constexpr (std::is_same_v<T, int>) {
     if (!v.is_number_integer())
       fail("{}: field \"{}\" has the wrong type ({} {}; expected an integer)", src, key,
-           v.type_name(), excerpt(v));
+           v.type_name(), json_excerpt(v));
     const bool in_range = v.is_number_unsigned()
                               ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
                               : v.get<int64_t>() >= std::numeric_limits<int>::min() &&
                                     v.get<int64_t>() <= std::numeric_limits<int>::max();
-    if (!in_range) fail("{}: field \"{}\" is out of range ({})", src, key, excerpt(v));
+    if (!in_range) fail("{}: field \"{}\" is out of range ({})", src, key, json_excerpt(v));
     return v.get<int>();
   } else {
     static_assert(std::is_same_v<T, double> || std::is_same_v<T, bool> ||

@@ -47,14 +47,6 @@ size_t dtype_size(DType d) {
 
 namespace {
 
-// A JSON value for an error line: a string quoted and capped, a number as written, a small
-// array or object dumped and capped, a large one by its size.
-std::string excerpt(const json& v) {
-  if (v.is_string()) return quoted(v.get_ref<const std::string&>(), 40);
-  if (v.is_structured() && v.size() > 16)
-    return fmt::format("{} of {} elements", v.type_name(), v.size());
-  return quoted(v.dump(-1, ' ', false, json::error_handler_t::replace), 60);
-}
 
 // Tensor and shard names come from the files: quoted, and short enough that a line naming two
 // of them and a path stays readable.
@@ -176,7 +168,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       v.file = path;
       const json& dtype = t.at("dtype");
       if (!dtype.is_string() || !parse_dtype(dtype.get_ref<const std::string&>(), &v.dtype))
-        fail("{}: tensor {} has unsupported dtype {}", path, name_of(name), excerpt(dtype));
+        fail("{}: tensor {} has unsupported dtype {}", path, name_of(name), json_excerpt(dtype));
       const json& shape = t.at("shape");
       if (!shape.is_array()) fail("{}: tensor {} shape is not an array", path, name_of(name));
       // Every dimension a non-negative int64, and the product of the non-zero ones (so every
@@ -186,16 +178,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       for (const auto& d : shape) {
         if (!d.is_number_unsigned() ||
             d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-          fail("{}: tensor {} has a bad shape {}", path, name_of(name), excerpt(shape));
+          fail("{}: tensor {} has a bad shape {}", path, name_of(name), json_excerpt(shape));
         const int64_t n = int64_t(d.get<uint64_t>());
         if (n != 0 && __builtin_mul_overflow(product, n, &product))
           fail("{}: tensor {} has an absurd shape {} (element count overflows)", path,
-               name_of(name), excerpt(shape));
+               name_of(name), json_excerpt(shape));
         v.shape.push_back(n);
       }
       const json& off = t.at("data_offsets");
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        fail("{}: tensor {} has malformed data_offsets {}", path, name_of(name), excerpt(off));
+        fail("{}: tensor {} has malformed data_offsets {}", path, name_of(name), json_excerpt(off));
       const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
       if (b > e || e > data_size)
         fail("{}: tensor {} data_offsets [{}, {}] lie past the end of the data ({} bytes)", path,
@@ -206,7 +198,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       uint64_t expect = 0;
       if (__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(v.dtype)), &expect))
         fail("{}: tensor {} has an absurd shape {} (byte size overflows)", path, name_of(name),
-             excerpt(shape));
+             json_excerpt(shape));
       if (e - b != expect)
         fail("{}: tensor {} holds {} bytes but {} {} needs {}", path, name_of(name), e - b,
              dtype_name(v.dtype), v.shape_str(), expect);
@@ -251,7 +243,7 @@ TensorStore::TensorStore(const std::string& dir) : dir_(dir) {
     for (auto it = map.begin(); it != map.end(); ++it) {
       if (!it->is_string())
         fail("{}: weight_map entry {} is not a file name ({})", index, name_of(it.key()),
-             excerpt(*it));
+             json_excerpt(*it));
       const std::string& shard = it->get_ref<const std::string&>();
       if (!plain_file_name(shard))
         fail("{}: shard {} (of tensor {}) is not a plain file name in the checkpoint directory",

@@ -80,6 +80,13 @@ std::string read_small_file(const std::string& path, uint64_t max_bytes, std::st
   return text;
 }
 
+std::string json_excerpt(const nlohmann::json& v) {
+  if (v.is_string()) return quoted(v.get_ref<const std::string&>(), 60);
+  if (v.is_structured() && v.size() > 16)
+    return fmt::format("{} of {} elements", v.type_name(), v.size());
+  return quoted(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 60);
+}
+
 nlohmann::json parse_json(std::string_view text, const std::string& source, int max_depth) {
   // The callback sees every nesting level as it opens; refusing there keeps the parser's own
   // recursion (and the later destruction) shallow.

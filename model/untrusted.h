@@ -32,6 +32,10 @@ uint64_t require_regular_file(const std::string& path, uint64_t max_bytes, std::
 // The whole file, after require_regular_file; a read error is an Error naming the file.
 std::string read_small_file(const std::string& path, uint64_t max_bytes, std::string_view what);
 
+// An untrusted JSON value for an error line: a string quoted, a large array or object by its
+// size, anything else compactly dumped and quoted; at most 60 characters shown.
+std::string json_excerpt(const nlohmann::json& value);
+
 // JSON from untrusted text: nesting deeper than max_depth, a number out of double's range
 // (1e400), or invalid syntax is one Error naming `source` and the byte offset; nothing is echoed
 // whole.
