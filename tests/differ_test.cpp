@@ -297,12 +297,20 @@ TEST_F(DiffTraces, MissingDatasetsAreExplicitFailures) {
   EXPECT_NE(report_text(r).find("missing in A"), std::string::npos);
 }
 
-TEST_F(DiffTraces, ShapeMismatchFails) {
-  const DiffResult r = diff({{0, kModelLayer, Stage::embedding, f64({1, 2, 3, 4}, {2, 2})}},
-                            {{0, kModelLayer, Stage::embedding, f64({1, 2, 3, 4})}});
-  EXPECT_TRUE(r.diverged());
-  EXPECT_EQ(r.datasets[0].status, DatasetStatus::ShapeMismatch);
-  EXPECT_NE(verdict_line(r).find("[2, 2] in A but [4] in B"), std::string::npos) << verdict_line(r);
+// A row whose shape is not its stage's never reaches the differ: the writer refuses it at the
+// source, naming the dataset and both shapes (the reader does the same for a file written by
+// another tool; trace_test covers that side).
+TEST_F(DiffTraces, ShapeMismatchIsRefusedWhereItIsWritten) {
+  try {
+    diff({{0, kModelLayer, Stage::embedding, f64({1, 2, 3, 4}, {2, 2})}},
+         {{0, kModelLayer, Stage::embedding, f64({1, 2, 3, 4})}});
+    FAIL() << "a [2, 2] embedding row was accepted";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("/pos_0/model/embedding"), std::string::npos) << what;
+    EXPECT_NE(what.find("dims [2, 2]"), std::string::npos) << what;
+    EXPECT_NE(what.find("is [8]"), std::string::npos) << what;
+  }
 }
 
 TEST_F(DiffTraces, FirstDivergenceFollowsExecutionOrderNotWriteOrder) {

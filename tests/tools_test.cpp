@@ -85,6 +85,23 @@ TEST(Tools, ReportsReplaceOnlyRegularFiles) {
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
+// The two traces of one run share a run id: a reference left beside another run's candidate
+// (a run killed between the two) is refused, not compared.
+TEST(Tools, TracesOfDifferentRunsAreNotCompared) {
+  const std::string one = test::temp_dir("run-one"), two = test::temp_dir("run-two");
+  for (const std::string& dir : {one, two}) {
+    const auto run = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                        " --tokens 1,2 --candidate cpu-f32 --out " + dir);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  auto r = test::run_tool("parity-diff", one + "/candidate.h5 " + one + "/reference.h5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_tool("parity-diff", one + "/candidate.h5 " + two + "/reference.h5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("different runs"), std::string::npos) << r.output;
+}
+
 TEST(Tools, GoldenCompareNeedsNumbers) {
   const std::string dir = test::temp_dir("golden-empty");
   std::ofstream(dir + "/a.txt").close();

@@ -183,6 +183,7 @@ LockstepResult trace_lockstep(Backend& reference, Backend& candidate, const Mode
                               const std::string& candidate_path, const nlohmann::json& run_facts) {
   TraceMeta ref_meta = trace_meta(reference, model), cand_meta = trace_meta(candidate, model);
   ref_meta.run = cand_meta.run = run_facts;
+  ref_meta.run_id = cand_meta.run_id = new_run_id();
   cand_meta.replay = options.replay;
   if (options.injection != nullptr) cand_meta.device["injected_fault"] = options.injection->str();
   TraceWriter ref_writer(reference_path, ref_meta);

@@ -40,9 +40,15 @@ std::string json_value_text(const nlohmann::json& j) {
   return s.size() > 80 ? s.substr(0, 77) + "..." : s;
 }
 
-// Refuses to compare traces of different models, checkpoints or token sequences.
+// Refuses to compare traces of different runs, models, checkpoints or token sequences.
 void check_same_model(const TraceReader& a, const TraceReader& b) {
   const TraceMeta &ma = a.meta(), &mb = b.meta();
+  // First: a run killed before it wrote its candidate leaves its new reference beside the
+  // previous run's candidate, and those may well agree on everything below.
+  if (!ma.run_id.empty() && !mb.run_id.empty() && ma.run_id != mb.run_id)
+    fail("{} and {} come from different runs (run_id {} vs {}): one was left by an earlier or "
+         "interrupted run; trace again",
+         a.path(), b.path(), ma.run_id, mb.run_id);
   if (ma.config != mb.config) {
     std::string what = "config differs";
     if (ma.config.is_object() && mb.config.is_object()) {

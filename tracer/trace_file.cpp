@@ -1,154 +1,454 @@
-// HDF5 trace files through the HDF5 C++ API: TraceWriter writes one dataset per traced stage
+// HDF5 trace files through the HDF5 C API: TraceWriter writes one dataset per traced stage
 // row under a temporary name and renames it into place on finish(); TraceReader checks that a
 // file is a gpt-oss-parity trace, reads its metadata and indexes its datasets in execution
-// order. Every HDF5 failure becomes a parity::Error naming the file.
+// order. Every failure becomes one parity::Error naming the file.
+//
+// The C API rather than the C++ one: its calls return a status that we check where we make
+// them, nothing is closed twice behind our back (the C++ objects close in destructors and
+// print "H5Dclose failed" there), and we choose how each value is read after checking its type
+// and shape (the C++ Attribute::read of a string assumes a single element).
 #include "tracer/trace_file.h"
 
-#include <H5Cpp.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <optional>
+#include <limits>
+#include <random>
 #include <string_view>
 #include <tuple>
+#include <utility>
 
 #include "model/error.h"
+#include "model/untrusted.h"
 
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
 
-// ---- HDF5 error reporting ----------------------------------------------------------------
-// HDF5 prints its error stack to stderr by default. We replace that printer with one that
-// keeps only the innermost message (the one that says what really failed, e.g. "unable to
-// open file: ... No such file or directory"), for the parity::Error we throw instead.
+// What a trace's attributes can hold. Anything longer is not a trace we wrote and is refused
+// before it is allocated.
+constexpr size_t kMaxShortString = 4096;       // backend, fingerprint, paths, versions, dates
+constexpr size_t kMaxStageName = 64;           // the "stage" attribute of a dataset
+constexpr size_t kMaxJsonString = 16u << 20;   // config, device, run, precision_policy
+constexpr size_t kMaxRunId = 64;
+constexpr int64_t kMaxListLength = int64_t(1) << 26;  // tokens, positions (2^24 is the context)
+// Deflate, the one filter a trace written by another tool is likely to use, expands at most
+// ~1032:1; a chunked, filtered dataset may declare that much more data than the file holds.
+constexpr int64_t kMaxInflation = 1032;
 
-thread_local std::string g_last_hdf5_error;
+// ---- HDF5 errors ---------------------------------------------------------------------------
+// HDF5 prints its error stack to stderr by default; we silence it and, right after a call
+// fails (before any other HDF5 call clears the stack), keep the innermost message: the one that
+// says what really failed ("unable to open file: ... No such file or directory").
+
+void silence_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+// Untrusted or library text for an error line: as is when it is short printable ASCII, else
+// escaped and capped.
+std::string printable(std::string_view text, size_t cap) {
+  const bool plain = text.size() <= cap && std::all_of(text.begin(), text.end(), [](char c) {
+                       return c >= 0x20 && c < 0x7f;
+                     });
+  return plain ? std::string(text) : quoted(text, cap);
+}
 
 herr_t keep_innermost(unsigned n, const H5E_error2_t* err, void* out) {
   if (n == 0 && err != nullptr && err->desc != nullptr) *static_cast<std::string*>(out) = err->desc;
   return 0;
 }
 
-herr_t record_hdf5_error(hid_t stack, void*) {
-  g_last_hdf5_error.clear();
-  H5Ewalk2(stack, H5E_WALK_UPWARD, keep_innermost, &g_last_hdf5_error);
-  return 0;
+// HDF5's message on one line: its I/O errors embed ctime()'s newline and the file name.
+std::string hdf5_error() {
+  std::string innermost;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, &innermost);
+  H5Eclear2(H5E_DEFAULT);
+  std::string line;
+  for (char c : innermost) {
+    const bool printable_ascii = c >= 0x20 && c < 0x7f;
+    if (printable_ascii && c != ' ')
+      line += c;
+    else if (!line.empty() && line.back() != ' ')
+      line += ' ';
+  }
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  constexpr size_t kCap = 400;
+  if (line.size() > kCap) line = line.substr(0, kCap) + "...";
+  return line.empty() ? "no message" : line;
 }
 
-void quiet_hdf5_errors() {
-  H5::Exception::dontPrint();
-  H5Eset_auto2(H5E_DEFAULT, record_hdf5_error, nullptr);
-}
-
-[[noreturn]] void fail_hdf5(const H5::Exception& e, const std::string& file, std::string_view doing) {
-  std::string detail = g_last_hdf5_error.empty() ? e.getDetailMsg() : g_last_hdf5_error;
-  g_last_hdf5_error.clear();
+[[noreturn]] void fail_hdf5(const std::string& file, std::string_view doing) {
+  const std::string detail = hdf5_error();
   fail("{}: {} failed (HDF5: {})", file, doing, detail);
 }
 
-// Runs body, turning any H5::Exception into a parity::Error naming the file.
-template <typename F>
-auto hdf5_call(const std::string& file, std::string_view doing, F&& body) -> decltype(body()) {
-  g_last_hdf5_error.clear();  // only a failure inside body may explain its exception
-  try {
-    return body();
-  } catch (const H5::Exception& e) {
-    fail_hdf5(e, file, doing);
-  }
-}
-
-// ---- attributes ----------------------------------------------------------------------------
-
-H5::StrType utf8_string_type() {
-  H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
-  t.setCset(H5T_CSET_UTF8);
-  return t;
-}
-
-void write_string_attr(H5::H5Object& obj, const char* name, const std::string& value) {
-  const H5::StrType type = utf8_string_type();
-  H5::Attribute a = obj.createAttribute(name, type, H5::DataSpace(H5S_SCALAR));
-  a.write(type, value);
-}
-
-void write_int_attr(H5::H5Object& obj, const char* name, int32_t value) {
-  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I32LE, H5::DataSpace(H5S_SCALAR));
-  a.write(H5::PredType::NATIVE_INT32, &value);
-}
-
-void write_int_array_attr(H5::H5Object& obj, const char* name, const std::vector<int32_t>& values) {
-  const hsize_t n = values.size();
-  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I32LE, H5::DataSpace(1, &n));
-  const int32_t none = 0;
-  a.write(H5::PredType::NATIVE_INT32, values.empty() ? &none : values.data());
-}
-
-// Reads are checked: a missing or mistyped attribute names the file, object and attribute.
-struct AttrReader {
-  const std::string& file;
-  const H5::H5Object& obj;
-  std::string where;  // "/" or a dataset path
-
-  bool has(const char* name) const { return obj.attrExists(name); }
-
-  H5::Attribute open(const char* name, H5T_class_t cls, const char* expected) const {
-    if (!obj.attrExists(name)) fail("{}: {} has no attribute \"{}\"", file, where, name);
-    H5::Attribute a = obj.openAttribute(name);
-    if (a.getTypeClass() != cls)
-      fail("{}: attribute \"{}\" of {} is not {}", file, name, where, expected);
-    return a;
-  }
-
-  std::string str(const char* name) const {
-    H5::Attribute a = open(name, H5T_STRING, "a string");
-    std::string value;
-    a.read(a.getStrType(), value);
-    return value;
-  }
-
-  std::vector<int32_t> ints(const char* name) const {
-    H5::Attribute a = open(name, H5T_INTEGER, "an integer");
-    const hssize_t n = a.getSpace().getSimpleExtentNpoints();
-    std::vector<int32_t> values(size_t(std::max<hssize_t>(n, 0)));
-    if (!values.empty()) a.read(H5::PredType::NATIVE_INT32, values.data());
-    return values;
-  }
-
-  int32_t int1(const char* name) const {
-    const auto v = ints(name);
-    if (v.size() != 1)
-      fail("{}: attribute \"{}\" of {} should be one integer, has {} values", file, name, where,
-           v.size());
-    return v[0];
-  }
-
-  nlohmann::json json(const char* name) const {
-    const std::string text = str(name);
-    try {
-      return nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: attribute \"{}\" of {} is not valid JSON ({})", file, name, where, e.what());
+// An HDF5 identifier closed exactly once, by the function that matches its kind. HDF5 1.10
+// frees a file even when closing it fails but keeps its id; closing that id again (as the C++
+// API's destructor did after a failed close()) reads freed memory. So close() forgets the id
+// whatever the outcome.
+class Hid {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Hid() = default;
+  Hid(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  Hid(Hid&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), closer_(o.closer_) {}
+  Hid& operator=(Hid&& o) noexcept {
+    if (this != &o) {
+      (void)close();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      closer_ = o.closer_;
     }
+    return *this;
   }
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  ~Hid() { (void)close(); }
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  herr_t close() {
+    if (id_ < 0) return 0;
+    return closer_(std::exchange(id_, H5I_INVALID_HID));
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
 };
+
+// For reading: an id, or an Error naming the file and what was being done.
+Hid checked(hid_t id, Hid::Closer closer, const std::string& file, std::string_view doing) {
+  if (id < 0) fail_hdf5(file, doing);
+  return Hid(id, closer);
+}
 
 std::optional<int> parse_index(std::string_view text) {
   int value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || value < 0) return std::nullopt;
+  // One spelling per index ("pos_7", never "pos_07"): the differ finds datasets by the path
+  // trace_dataset_path() spells.
+  if (std::to_string(value) != text) return std::nullopt;
   return value;
 }
 
-std::string dims_text(const std::vector<size_t>& dims) {
+template <typename T>
+std::string dims_text(const std::vector<T>& dims) {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + "]";
 }
+
+// The trace's config as a gpt-oss Config: what every dataset's shape is checked against.
+Config trace_config(const nlohmann::json& j, const std::string& file) {
+  try {
+    return Config::from_json(j, "config");
+  } catch (const Error& e) {
+    fail("{}: the trace's config is not a gpt-oss config ({})", file, printable(e.what(), 200));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: the trace's config is not a gpt-oss config ({})", file, printable(e.what(), 200));
+  }
+}
+
+// ---- variable-length strings -------------------------------------------------------------
+// Traces written before fixed-length strings (and h5py's str attributes) keep their strings in
+// the global heap, which has no checksum, and HDF5 1.10 copies a heap object by the size the
+// heap claims without checking it against the heap: a damaged size made H5HG_read copy past its
+// buffers. So the reader never lets HDF5 read a variable-length string. A conversion function
+// registered for "variable-length string -> kHeapIdTag" hands back the string's raw heap ID
+// (length, collection address, object index), and GlobalHeap finds the object in the file
+// itself, checking every size (file format specification, "Global Heap").
+
+constexpr const char* kHeapIdTag = "gpt-oss-parity: raw global heap id";
+constexpr size_t kHeapIdBytes = 32;  // 1 byte of source size, then the id (4 + 16 + 4 at most)
+
+herr_t raw_heap_id(hid_t src, hid_t dst, H5T_cdata_t* cdata, size_t nelmts, size_t buf_stride,
+                   size_t, void* buf, void*, hid_t) {
+  switch (cdata->command) {
+    case H5T_CONV_INIT: {
+      // Declining (a negative status) lets HDF5 try its other conversions.
+      if (H5Tis_variable_str(src) <= 0 || H5Tget_class(dst) != H5T_OPAQUE ||
+          H5Tget_size(dst) != kHeapIdBytes)
+        return -1;
+      char* tag = H5Tget_tag(dst);
+      const bool ours = tag != nullptr && std::strcmp(tag, kHeapIdTag) == 0;
+      H5free_memory(tag);
+      if (!ours) return -1;
+      cdata->need_bkg = H5T_BKG_NO;
+      return 0;
+    }
+    case H5T_CONV_CONV: {
+      // The source elements are the attribute's bytes as stored: the disk form of the string.
+      const size_t src_size = H5Tget_size(src);
+      if (src_size == 0 || src_size >= kHeapIdBytes) return -1;
+      const size_t src_stride = buf_stride != 0 ? buf_stride : src_size;
+      const size_t dst_stride = buf_stride != 0 ? buf_stride : kHeapIdBytes;
+      if (dst_stride < kHeapIdBytes) return -1;
+      auto* bytes = static_cast<unsigned char*>(buf);
+      for (size_t i = nelmts; i-- > 0;) {  // backwards: each element grows in place
+        unsigned char raw[kHeapIdBytes] = {};
+        std::memcpy(raw, bytes + i * src_stride, src_size);
+        unsigned char* out = bytes + i * dst_stride;
+        std::memset(out, 0, kHeapIdBytes);
+        out[0] = static_cast<unsigned char>(src_size);
+        std::memcpy(out + 1, raw, src_size);
+      }
+      return 0;
+    }
+    case H5T_CONV_FREE:
+      return 0;
+  }
+  return -1;
+}
+
+Hid heap_id_type(const std::string& file) {
+  Hid type = checked(H5Tcreate(H5T_OPAQUE, kHeapIdBytes), H5Tclose, file, "setting up string reads");
+  if (H5Tset_tag(type.get(), kHeapIdTag) < 0) fail_hdf5(file, "setting up string reads");
+  return type;
+}
+
+// Registers raw_heap_id unless HDF5 already finds it for the path (after H5close, HDF5 forgets).
+void register_raw_heap_id(const std::string& file) {
+  const Hid variable = checked(H5Tcopy(H5T_C_S1), H5Tclose, file, "setting up string reads");
+  if (H5Tset_size(variable.get(), H5T_VARIABLE) < 0) fail_hdf5(file, "setting up string reads");
+  const Hid id = heap_id_type(file);
+  H5T_cdata_t* cdata = nullptr;
+  if (H5Tfind(variable.get(), id.get(), &cdata) == raw_heap_id) return;
+  H5Eclear2(H5E_DEFAULT);
+  if (H5Tregister(H5T_PERS_SOFT, "gpt-oss-parity raw heap id", variable.get(), id.get(), raw_heap_id) < 0)
+    fail_hdf5(file, "setting up string reads");
+}
+
+uint64_t little_endian(const unsigned char* p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = n; i-- > 0;) v = (v << 8) | p[i];
+  return v;
+}
+
+class GlobalHeap {
+ public:
+  GlobalHeap(const std::string& path, uint64_t file_size, hid_t file) : path_(path), file_size_(file_size) {
+    const Hid fcpl = checked(H5Fget_create_plist(file), H5Pclose, path, "reading the file's layout");
+    hsize_t userblock = 0;
+    if (H5Pget_sizes(fcpl.get(), &sizeof_addr_, &sizeof_size_) < 0 ||
+        H5Pget_userblock(fcpl.get(), &userblock) < 0)
+      fail_hdf5(path, "reading the file's layout");
+    base_ = userblock;  // addresses are relative to the superblock, after the user block
+  }
+  GlobalHeap(const GlobalHeap&) = delete;
+  GlobalHeap& operator=(const GlobalHeap&) = delete;
+  ~GlobalHeap() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // The string the raw heap ID (raw_heap_id's output) names; `what` names the attribute.
+  std::string string(const unsigned char* raw, size_t max_bytes, std::string_view what) const {
+    const size_t id_size = raw[0];
+    const unsigned char* id = raw + 1;
+    if (id_size != 4 + sizeof_addr_ + 4 || sizeof_addr_ > 8 || sizeof_size_ > 8)
+      fail("{}: {} is a string whose heap reference has an unexpected form", path_, what);
+    const uint64_t length = little_endian(id, 4);
+    if (length == 0) return "";
+    if (length > max_bytes)
+      fail("{}: {} is a string of {} bytes, more than it can be ({})", path_, what, length, max_bytes);
+    const uint64_t address = little_endian(id + 4, sizeof_addr_);
+    const uint64_t index = little_endian(id + 4 + sizeof_addr_, 4);
+    const size_t header = 8 + sizeof_size_;  // signature, version, reserved, collection size
+    auto damaged = [&](std::string_view why) {
+      fail("{}: {} is a string in a damaged global heap ({})", path_, what, why);
+    };
+    if (address > file_size_ || base_ > file_size_ - address || file_size_ - address - base_ < header)
+      damaged("its collection lies outside the file");
+    const uint64_t start = base_ + address;
+    unsigned char head[16] = {};
+    read(start, head, header);
+    if (std::memcmp(head, "GCOL", 4) != 0 || head[4] != 1) damaged("no collection signature");
+    const uint64_t size = little_endian(head + 8, sizeof_size_);
+    if (size < header || size > file_size_ - start) damaged("its size exceeds the file");
+    if (size > kMaxCollection) damaged("a collection larger than a trace has");
+    std::vector<unsigned char> collection(size);
+    read(start, collection.data(), size);
+    const size_t object_header = 8 + sizeof_size_;  // index, reference count, reserved, size
+    for (uint64_t at = header; at + object_header <= size;) {
+      const uint64_t object = little_endian(&collection[at], 2);
+      if (object == 0) break;  // the free space, always last
+      const uint64_t object_size = little_endian(&collection[at + 8], sizeof_size_);
+      const uint64_t data = at + object_header;
+      if (object_size > size - data) damaged("an object larger than its collection");
+      if (object == index) {
+        if (length > object_size) damaged("a string longer than its object");
+        const char* text = reinterpret_cast<const char*>(&collection[data]);
+        return std::string(text, strnlen(text, length));
+      }
+      at = data + ((object_size + 7) & ~uint64_t(7));
+    }
+    damaged("the object it names is not there");
+    return "";
+  }
+
+ private:
+  static constexpr uint64_t kMaxCollection = uint64_t(256) << 20;
+
+  void read(uint64_t offset, void* out, size_t n) const {
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0) fail("{}: cannot open for reading ({})", path_, std::strerror(errno));
+    for (size_t done = 0; done < n;) {
+      const ssize_t got = ::pread(fd_, static_cast<char*>(out) + done, n - done, off_t(offset + done));
+      if (got <= 0) fail("{}: reading {} bytes at {} failed", path_, n, offset);
+      done += size_t(got);
+    }
+  }
+
+  const std::string& path_;
+  uint64_t file_size_;
+  size_t sizeof_addr_ = 8, sizeof_size_ = 8;
+  uint64_t base_ = 0;
+  mutable int fd_ = -1;
+};
+
+// ---- reading attributes ------------------------------------------------------------------
+// Every attribute is checked before it is read: its type class, its size, its dataspace (one
+// value: scalar, or simple with one element; a list: rank 1), and the bytes it declares
+// against what the file can hold.
+struct AttrReader {
+  const std::string& file;
+  uint64_t file_size;
+  const GlobalHeap& heap;
+  hid_t obj;
+  std::string where;  // "/" or a dataset path
+
+  bool has(const char* name) const {
+    const htri_t exists = H5Aexists(obj, name);
+    if (exists < 0) fail_hdf5(file, fmt::format("looking up attribute \"{}\" of {}", name, where));
+    return exists > 0;
+  }
+
+  struct Opened {
+    Hid attr, type;
+  };
+  Opened open(const char* name, H5T_class_t cls, const char* expected) const {
+    if (!has(name)) fail("{}: {} has no attribute \"{}\"", file, where, name);
+    const std::string doing = fmt::format("opening attribute \"{}\" of {}", name, where);
+    Opened a{checked(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose, file, doing), {}};
+    a.type = checked(H5Aget_type(a.attr.get()), H5Tclose, file, doing);
+    if (H5Tget_class(a.type.get()) != cls)
+      fail("{}: attribute \"{}\" of {} is not {}", file, name, where, expected);
+    return a;
+  }
+
+  // How many values the attribute holds: 1 for a scalar, 0 for a null dataspace, the element
+  // count of a rank-1 simple dataspace; other ranks are refused.
+  int64_t count(hid_t attr, const char* name) const {
+    const std::string doing = fmt::format("reading the shape of attribute \"{}\" of {}", name, where);
+    const Hid space = checked(H5Aget_space(attr), H5Sclose, file, doing);
+    switch (H5Sget_simple_extent_type(space.get())) {
+      case H5S_SCALAR:
+        return 1;
+      case H5S_NULL:
+        return 0;
+      case H5S_SIMPLE: {
+        const int rank = H5Sget_simple_extent_ndims(space.get());
+        if (rank < 0) fail_hdf5(file, doing);
+        if (rank > 1)
+          fail("{}: attribute \"{}\" of {} has {} dimensions; it should be one value or a list",
+               file, name, where, rank);
+        const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+        if (n < 0) fail_hdf5(file, doing);
+        return int64_t(n);
+      }
+      default:
+        fail_hdf5(file, doing);
+    }
+  }
+
+  void require_one(hid_t attr, const char* name, const char* what) const {
+    const int64_t n = count(attr, name);
+    if (n != 1)
+      fail("{}: attribute \"{}\" of {} should be one {}, but holds {} values", file, name, where,
+           what, n);
+  }
+
+  std::string str(const char* name, size_t max_bytes = kMaxShortString) const {
+    const Opened a = open(name, H5T_STRING, "a string");
+    require_one(a.attr.get(), name, "string");
+    const std::string doing = fmt::format("reading attribute \"{}\" of {}", name, where);
+    const htri_t variable = H5Tis_variable_str(a.type.get());
+    if (variable < 0) fail_hdf5(file, doing);
+    std::string value;
+    if (variable > 0) {
+      const Hid raw_type = heap_id_type(file);
+      unsigned char raw[kHeapIdBytes] = {};
+      if (H5Aread(a.attr.get(), raw_type.get(), raw) < 0) fail_hdf5(file, doing);
+      value = heap.string(raw, max_bytes, fmt::format("attribute \"{}\" of {}", name, where));
+    } else {
+      const size_t size = H5Tget_size(a.type.get());
+      if (size == 0) fail_hdf5(file, doing);
+      if (size > max_bytes + 1 || size > file_size)
+        fail("{}: attribute \"{}\" of {} is a string of {} bytes, more than a trace's {} can be "
+             "({})",
+             file, name, where, size, name, max_bytes);
+      std::string buffer(size, '\0');
+      if (H5Aread(a.attr.get(), a.type.get(), buffer.data()) < 0) fail_hdf5(file, doing);
+      buffer.resize(strnlen(buffer.data(), size));
+      value = std::move(buffer);
+    }
+    if (value.size() > max_bytes)
+      fail("{}: attribute \"{}\" of {} is longer than a trace's {} can be ({} bytes)", file, name,
+           where, name, max_bytes);
+    return value;
+  }
+
+  // Integers of 1 to 8 bytes, read as int64 so that nothing is silently clipped.
+  std::vector<int64_t> integers(const char* name, bool one) const {
+    const Opened a = open(name, H5T_INTEGER, one ? "an integer" : "a list of integers");
+    const size_t size = H5Tget_size(a.type.get());
+    if (size == 0 || size > 8)
+      fail("{}: attribute \"{}\" of {} is an integer of {} bytes; 1 to 8 are read", file, name,
+           where, size);
+    if (one) require_one(a.attr.get(), name, "integer");
+    const int64_t n = count(a.attr.get(), name);
+    if (n > kMaxListLength)
+      fail("{}: attribute \"{}\" of {} holds {} values, more than a trace's list can ({})", file,
+           name, where, n, kMaxListLength);
+    if (uint64_t(n) * size > file_size)
+      fail("{}: attribute \"{}\" of {} declares {} values of {} bytes, more than the file's {} "
+           "bytes can hold",
+           file, name, where, n, size, file_size);
+    std::vector<int64_t> values(static_cast<size_t>(n));
+    if (n > 0 && H5Aread(a.attr.get(), H5T_NATIVE_INT64, values.data()) < 0)
+      fail_hdf5(file, fmt::format("reading attribute \"{}\" of {}", name, where));
+    return values;
+  }
+
+  int32_t int32(const char* name, int64_t value) const {
+    if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
+      fail("{}: attribute \"{}\" of {} holds {}, outside the int32 range", file, name, where, value);
+    return int32_t(value);
+  }
+
+  std::vector<int32_t> ints(const char* name) const {
+    const std::vector<int64_t> wide = integers(name, false);
+    std::vector<int32_t> values;
+    values.reserve(wide.size());
+    for (int64_t v : wide) values.push_back(int32(name, v));
+    return values;
+  }
+
+  int32_t int1(const char* name) const { return int32(name, integers(name, true)[0]); }
+
+  nlohmann::json json(const char* name) const {
+    return parse_json(str(name, kMaxJsonString),
+                      fmt::format("{}: attribute \"{}\" of {}", file, name, where));
+  }
+};
 
 }  // namespace
 
@@ -174,71 +474,241 @@ std::string trace_dataset_path(int position, int layer, Stage s, Series series) 
   return fmt::format("{}/pos_{}/layer_{}/{}", prefix, position, layer, name(s));
 }
 
+std::string new_run_id() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) id += fmt::format("{:08x}", uint32_t(rd()));
+  return id;
+}
+
+bool is_valid_run_id(std::string_view id) {
+  return !id.empty() && id.size() <= kMaxRunId && std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-';
+  });
+}
+
 // ---- TraceWriter -----------------------------------------------------------------------------
 
+namespace {
+// A failed HDF5 call while writing: the trace is abandoned where it is caught, after the
+// handles opened since have closed.
+struct WriteFailure {
+  std::string what;
+};
+
+// A trace replaces only a regular file (or nothing): writing "into" a FIFO would block, and a
+// directory or device is not ours to replace.
+void refuse_non_regular_output(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    fail("{}: cannot access the output path ({})", path, std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) fail("{}: is a directory; a trace is written to a file", path);
+  if (!S_ISREG(st.st_mode))
+    fail("{}: exists and is not a regular file (a FIFO, socket or device); a trace replaces only "
+         "a regular file",
+         path);
+}
+}  // namespace
+
 struct TraceWriter::Impl {
+  enum class State { writing, finished, abandoned };
   std::string path;      // final name
   std::string tmp_path;  // written here until finish()
+  bool created = false;  // tmp_path is ours to remove
+  Config config;
   std::set<int> positions;
   std::vector<int32_t> tokens, token_positions;  // written at finish()
-  std::unique_ptr<H5::H5File> file;
+  Hid file;
+  Hid group_plist;  // link creation order, tracked and indexed
   std::set<std::string> groups;
   std::set<std::string> datasets;
-  bool finished = false;
+  State state = State::writing;
+  std::string abandoned_because;
+  bool redirected = false;
 
   ~Impl() {
-    if (finished) return;
-    // An unfinished trace must not survive: close what is open, then remove the temp file.
-    try {
-      if (file) file->close();
-    } catch (const H5::Exception&) {
+    if (state == State::writing) abandon();  // an unfinished trace must not survive
+  }
+
+  // HDF5 1.10 cannot close a file whose final flush fails: H5Fclose frees it but leaves its id
+  // registered, and the library's exit handler closes it again and crashes. Nothing of an
+  // abandoned trace needs to reach the disk, so its descriptor is first pointed at an anonymous
+  // memory file (the sec2 driver's handle is the descriptor): the close's flush succeeds there
+  // and the file is closed once, for good. A failure on a full disk (ENOSPC, EDQUOT) or an I/O
+  // error is handled so; a process-wide file size limit (RLIMIT_FSIZE, with SIGXFSZ ignored)
+  // applies to the memory file too, and then the close still fails.
+  void redirect_to_memory() noexcept {
+    if (redirected || !file.valid()) return;
+    redirected = true;
+    void* handle = nullptr;
+    if (H5Fget_vfd_handle(file.get(), H5P_DEFAULT, &handle) < 0 || handle == nullptr) {
+      H5Eclear2(H5E_DEFAULT);
+      return;
     }
-    file.reset();
+    const int memory = ::memfd_create("abandoned-trace", MFD_CLOEXEC);
+    if (memory < 0) return;
+    (void)::dup2(memory, *static_cast<int*>(handle));
+    ::close(memory);
+  }
+
+  // Closes the file once and removes the temporary file.
+  void abandon() noexcept {
+    state = State::abandoned;
+    redirect_to_memory();
+    (void)file.close();
+    H5Eclear2(H5E_DEFAULT);
+    (void)group_plist.close();
     std::error_code ec;
-    if (!tmp_path.empty()) fs::remove(tmp_path, ec);
+    if (created) fs::remove(tmp_path, ec);
+  }
+
+  [[noreturn]] void fail_abandoned(const WriteFailure& failure) {
+    abandon();
+    abandoned_because = failure.what;
+    fail("{}: {}; the unfinished trace was removed", path, failure.what);
+  }
+
+  void require_writing(std::string_view call) const {
+    if (state == State::finished)
+      fail("{}: {} after finish(): the trace is already complete", path, call);
+    if (state == State::abandoned)
+      fail("{}: {} after the trace was abandoned ({})", path, call, abandoned_because);
+  }
+
+  // Any failed HDF5 call abandons the trace. The message is taken before anything else calls
+  // HDF5; the descriptor is redirected before the handles open in the caller close.
+  void check(bool ok, std::string_view doing) {
+    if (ok) return;
+    std::string detail = hdf5_error();
+    redirect_to_memory();
+    throw WriteFailure{fmt::format("{} failed (HDF5: {})", doing, detail)};
+  }
+
+  Hid make(hid_t id, Hid::Closer closer, std::string_view doing) {
+    Hid h(id, closer);
+    check(id >= 0, doing);
+    return h;
   }
 
   void ensure_group(const std::string& group) {
-    if (groups.insert(group).second) file->createGroup(group);
+    if (groups.contains(group)) return;
+    Hid g = make(H5Gcreate2(file.get(), group.c_str(), H5P_DEFAULT, group_plist.get(), H5P_DEFAULT),
+                 H5Gclose, "creating group " + group);
+    check(g.close() >= 0, "closing group " + group);
+    groups.insert(group);
+  }
+
+  // Strings are fixed-length, so that they live in the (checksummed) object header instead of
+  // the global heap, which has no checksum.
+  void write_string_attr(hid_t obj, const char* name, std::string_view value, std::string_view where) {
+    const std::string doing = fmt::format("writing attribute \"{}\" of {}", name, where);
+    const Hid type = make(H5Tcopy(H5T_C_S1), H5Tclose, doing);
+    check(H5Tset_size(type.get(), value.size() + 1) >= 0 &&
+              H5Tset_strpad(type.get(), H5T_STR_NULLTERM) >= 0 &&
+              H5Tset_cset(type.get(), H5T_CSET_UTF8) >= 0,
+          doing);
+    const Hid space = make(H5Screate(H5S_SCALAR), H5Sclose, doing);
+    Hid attr = make(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                    H5Aclose, doing);
+    const std::string text(value);  // NUL-terminated: value.size() + 1 bytes
+    check(H5Awrite(attr.get(), type.get(), text.c_str()) >= 0, doing);
+    check(attr.close() >= 0, doing);
+  }
+
+  void write_ints_attr(hid_t obj, const char* name, const int32_t* values, size_t n, bool scalar,
+                       std::string_view where) {
+    const std::string doing = fmt::format("writing attribute \"{}\" of {}", name, where);
+    const hsize_t dims = n;
+    const Hid space = make(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &dims, nullptr),
+                           H5Sclose, doing);
+    Hid attr = make(H5Acreate2(obj, name, H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                    H5Aclose, doing);
+    const int32_t none = 0;
+    check(H5Awrite(attr.get(), H5T_NATIVE_INT32, n > 0 ? values : &none) >= 0, doing);
+    check(attr.close() >= 0, doing);
+  }
+  void write_int_attr(hid_t obj, const char* name, int32_t value, std::string_view where) {
+    write_ints_attr(obj, name, &value, 1, true, where);
   }
 };
 
 TraceWriter::TraceWriter(std::string path, TraceMeta meta, std::set<int> positions)
     : impl_(std::make_unique<Impl>()) {
-  quiet_hdf5_errors();
+  silence_hdf5();
+  Impl& w = *impl_;
   if (path.empty()) fail("trace writer: empty output path");
-  impl_->path = std::move(path);
-  impl_->tmp_path = fmt::format("{}.tmp-{}", impl_->path, ::getpid());
-  impl_->positions = std::move(positions);
-  hdf5_call(impl_->path, "creating the trace", [&] {
-    H5::FileAccPropList fapl;
-    // The 1.8+ object format keeps large attributes (long token lists) in dense storage.
-    fapl.setLibverBounds(H5F_LIBVER_V18, H5F_LIBVER_LATEST);
-    impl_->file = std::make_unique<H5::H5File>(impl_->tmp_path, H5F_ACC_TRUNC,
-                                               H5::FileCreatPropList::DEFAULT, fapl);
-    H5::Group root = impl_->file->openGroup("/");
-    write_string_attr(root, "format", kTraceFormat);
-    write_int_attr(root, "format_version", kTraceFormatVersion);
-    write_string_attr(root, "backend", meta.backend);
-    write_string_attr(root, "precision", meta.precision);
-    write_string_attr(root, "config", meta.config.dump());
-    write_string_attr(root, "checkpoint_fingerprint", meta.fingerprint);
-    write_string_attr(root, "model_dir", meta.model_dir);
-    write_string_attr(root, "tool_version", meta.tool_version);
-    write_string_attr(root, "commit", meta.commit);
-    write_string_attr(root, "device", meta.device.dump());
-    write_string_attr(root, "created", meta.created);
+  w.path = std::move(path);
+  refuse_non_regular_output(w.path);
+  w.config = trace_config(meta.config, w.path);
+  if (!meta.run_id.empty() && !is_valid_run_id(meta.run_id))
+    fail("{}: run_id {} is not 1 to {} characters of [0-9A-Za-z-]", w.path, quoted(meta.run_id),
+         kMaxRunId);
+  w.positions = std::move(positions);
+  w.tokens = std::move(meta.tokens);
+  w.token_positions = std::move(meta.positions);
+
+  // The temporary name carries our pid: one left by a dead process of the same pid is a regular
+  // file and ours to replace; anything else there is not.
+  const std::string tmp = fmt::format("{}.tmp-{}", w.path, ::getpid());
+  struct stat st {};
+  if (::lstat(tmp.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode))
+      fail("{}: the temporary name {} is taken by something that is not a regular file", w.path,
+           tmp);
+    std::error_code ec;
+    fs::remove(tmp, ec);
+  }
+  w.tmp_path = tmp;
+
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose), fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  w.group_plist = Hid(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  const unsigned order = H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED;
+  // sec2: redirect_to_memory() needs its handle to be the descriptor. The newest format: its
+  // metadata carries checksums. No sieve buffer: a stage row is written in one call, and
+  // without the buffer a failed data write fails that call instead of a later close.
+  if (!fapl.valid() || !fcpl.valid() || !w.group_plist.valid() || H5Pset_fapl_sec2(fapl.get()) < 0 ||
+      H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) < 0 ||
+      H5Pset_sieve_buf_size(fapl.get(), 0) < 0 || H5Pset_link_creation_order(fcpl.get(), order) < 0 ||
+      H5Pset_link_creation_order(w.group_plist.get(), order) < 0)
+    fail_hdf5(w.path, "setting up the trace's file properties");
+  const hid_t f = H5Fcreate(w.tmp_path.c_str(), H5F_ACC_EXCL, fcpl.get(), fapl.get());
+  if (f < 0) {
+    const std::string detail = hdf5_error();
+    // A create that failed after making the file (a full disk) leaves it behind.
+    w.created = ::lstat(w.tmp_path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    w.abandon();
+    fail("{}: creating the trace failed (HDF5: {})", w.path, detail);
+  }
+  w.file = Hid(f, H5Fclose);
+  w.created = true;
+  try {
+    const Hid root = w.make(H5Gopen2(f, "/", H5P_DEFAULT), H5Gclose, "opening /");
+    const hid_t r = root.get();
+    w.write_string_attr(r, "format", kTraceFormat, "/");
+    w.write_int_attr(r, "format_version", kTraceFormatVersion, "/");
+    w.write_string_attr(r, "backend", meta.backend, "/");
+    w.write_string_attr(r, "precision", meta.precision, "/");
+    w.write_string_attr(r, "config", meta.config.dump(), "/");
+    w.write_string_attr(r, "checkpoint_fingerprint", meta.fingerprint, "/");
+    w.write_string_attr(r, "model_dir", meta.model_dir, "/");
+    w.write_string_attr(r, "tool_version", meta.tool_version, "/");
+    w.write_string_attr(r, "commit", meta.commit, "/");
+    w.write_string_attr(r, "device", meta.device.dump(), "/");
+    w.write_string_attr(r, "created", meta.created, "/");
     if (meta.precision_policy)
-      write_string_attr(root, "precision_policy", meta.precision_policy->to_json().dump());
-    write_int_attr(root, "replay", meta.replay ? 1 : 0);
-    write_string_attr(root, "run", meta.run.dump());
-  });
-  impl_->tokens = std::move(meta.tokens);
-  impl_->token_positions = std::move(meta.positions);
+      w.write_string_attr(r, "precision_policy", meta.precision_policy->to_json().dump(), "/");
+    w.write_int_attr(r, "replay", meta.replay ? 1 : 0, "/");
+    w.write_string_attr(r, "run", meta.run.dump(), "/");
+    if (!meta.run_id.empty()) w.write_string_attr(r, "run_id", meta.run_id, "/");
+  } catch (const WriteFailure& failure) {
+    w.fail_abandoned(failure);
+  }
 }
 
 void TraceWriter::set_tokens(std::vector<int32_t> tokens, std::vector<int32_t> positions) {
-  if (impl_->finished) fail("{}: set_tokens() after finish()", impl_->path);
+  if (impl_->state == Impl::State::finished) fail("{}: set_tokens() after finish()", impl_->path);
   impl_->tokens = std::move(tokens);
   impl_->token_positions = std::move(positions);
 }
@@ -251,89 +721,123 @@ bool TraceWriter::wants(int position, int, Stage) const {
 
 void TraceWriter::record(const StageKey& key, const StageData& data) {
   Impl& w = *impl_;
-  if (w.finished) fail("{}: record() after finish(): the trace is already complete", w.path);
+  w.require_writing("record()");
   const StageInfo& si = info(key.stage);
   const std::string ds_path = trace_dataset_path(key.position, key.layer, key.stage, key.series);
   if (key.position < 0) fail("{}: {}: negative position {}", w.path, ds_path, key.position);
-  if ((si.scope == Scope::Model) != (key.layer == kModelLayer) || key.layer < kModelLayer)
-    fail("{}: {}: stage {} is {}-scope but was recorded with layer {}", w.path, ds_path, si.name,
-         scope_name(si.scope), key.layer);
+  if ((si.scope == Scope::Model) != (key.layer == kModelLayer) || key.layer < kModelLayer ||
+      key.layer >= w.config.num_hidden_layers)
+    fail("{}: {}: stage {} is {}-scope but was recorded with layer {} (the model has {} layers)",
+         w.path, ds_path, si.name, scope_name(si.scope), key.layer, w.config.num_hidden_layers);
   if (data.dims.empty()) fail("{}: {}: stage data has no dims", w.path, ds_path);
   size_t elements = 1;
   for (size_t d : data.dims) elements *= d;
   if (elements != data.size())
     fail("{}: {}: dims {} hold {} values but the data has {}", w.path, ds_path,
          dims_text(data.dims), elements, data.size());
+  // The reader refuses a row whose shape is not its stage's; so does the writer, at the source.
+  const std::vector<size_t> expected = stage_dims(w.config, key.stage, key.position);
+  if (data.dims != expected)
+    fail("{}: {}: dims {} but a {} row at position {} is {}", w.path, ds_path,
+         dims_text(data.dims), si.name, key.position, dims_text(expected));
   if (key.series == Series::magnitude && (si.kind == ValueKind::Index || data.type != StageData::Type::F64))
     fail("{}: {}: magnitudes are float64 rows of real stages", w.path, ds_path);
   if ((si.kind == ValueKind::Index) != (data.type == StageData::Type::I32))
     fail("{}: {}: stage {} holds {} values; int32 is for index stages only", w.path, ds_path,
          si.name, si.kind == ValueKind::Index ? "index" : "real");
-  if (!w.datasets.insert(ds_path).second)
+  if (w.datasets.contains(ds_path))
     fail("{}: {} recorded twice (each position, layer and stage is traced once)", w.path, ds_path);
 
-  hdf5_call(w.path, "writing " + ds_path, [&] {
+  try {
     const std::string prefix = series_prefix(key.series);
     if (!prefix.empty()) w.ensure_group(prefix);
     w.ensure_group(fmt::format("{}/pos_{}", prefix, key.position));
     w.ensure_group(ds_path.substr(0, ds_path.rfind('/')));
+    const std::string doing = "writing " + ds_path;
     std::vector<hsize_t> dims(data.dims.begin(), data.dims.end());
-    const H5::DataSpace space(int(dims.size()), dims.data());
-    const H5::PredType* file_type = &H5::PredType::IEEE_F64LE;
-    const H5::PredType* mem_type = &H5::PredType::NATIVE_DOUBLE;
+    const Hid space = w.make(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose, doing);
+    hid_t file_type = H5T_IEEE_F64LE, mem_type = H5T_NATIVE_DOUBLE;
     const void* values = data.f64.data();
     if (data.type == StageData::Type::F32) {
-      file_type = &H5::PredType::IEEE_F32LE;
-      mem_type = &H5::PredType::NATIVE_FLOAT;
+      file_type = H5T_IEEE_F32LE;
+      mem_type = H5T_NATIVE_FLOAT;
       values = data.f32.data();
     } else if (data.type == StageData::Type::I32) {
-      file_type = &H5::PredType::STD_I32LE;
-      mem_type = &H5::PredType::NATIVE_INT32;
+      file_type = H5T_STD_I32LE;
+      mem_type = H5T_NATIVE_INT32;
       values = data.i32.data();
     }
-    H5::DataSet ds = w.file->createDataSet(ds_path, *file_type, space);
-    if (elements > 0) ds.write(values, *mem_type);
-    write_string_attr(ds, "stage", std::string(si.name));
-    write_int_attr(ds, "layer", key.layer);
-    write_int_attr(ds, "position", key.position);
-    write_int_attr(ds, "order", key.order);
-  });
+    Hid ds = w.make(H5Dcreate2(w.file.get(), ds_path.c_str(), file_type, space.get(), H5P_DEFAULT,
+                               H5P_DEFAULT, H5P_DEFAULT),
+                    H5Dclose, doing);
+    w.check(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) >= 0, doing);
+    w.write_string_attr(ds.get(), "stage", si.name, ds_path);
+    w.write_int_attr(ds.get(), "layer", key.layer, ds_path);
+    w.write_int_attr(ds.get(), "position", key.position, ds_path);
+    w.write_int_attr(ds.get(), "order", key.order, ds_path);
+    w.check(ds.close() >= 0, doing);
+  } catch (const WriteFailure& failure) {
+    w.fail_abandoned(failure);
+  }
+  w.datasets.insert(ds_path);
 }
 
 void TraceWriter::finish() {
   Impl& w = *impl_;
-  if (w.finished) fail("{}: finish() called twice", w.path);
-  hdf5_call(w.path, "closing the trace", [&] {
-    H5::Group root = w.file->openGroup("/");
-    write_int_array_attr(root, "tokens", w.tokens);
-    write_int_array_attr(root, "positions", w.token_positions);
-    w.file->flush(H5F_SCOPE_GLOBAL);
-    w.file->close();
-  });
-  w.file.reset();
+  if (w.state == Impl::State::finished) fail("{}: finish() called twice", w.path);
+  w.require_writing("finish()");
+  try {
+    Hid root = w.make(H5Gopen2(w.file.get(), "/", H5P_DEFAULT), H5Gclose, "opening /");
+    w.write_ints_attr(root.get(), "tokens", w.tokens.data(), w.tokens.size(), false, "/");
+    w.write_ints_attr(root.get(), "positions", w.token_positions.data(), w.token_positions.size(),
+                      false, "/");
+    w.check(root.close() >= 0, "closing /");
+    // Everything reaches the disk here, where a failure can still be redirected; the close
+    // below only rewrites the superblock's end-of-file address in place.
+    w.check(H5Fflush(w.file.get(), H5F_SCOPE_GLOBAL) >= 0, "flushing the trace");
+  } catch (const WriteFailure& failure) {
+    w.fail_abandoned(failure);
+  }
+  (void)w.group_plist.close();
+  if (w.file.close() < 0) {
+    const std::string detail = hdf5_error();
+    w.abandon();
+    w.abandoned_because = "closing failed";
+    fail("{}: closing the trace failed (HDF5: {}); the unfinished trace was removed", w.path, detail);
+  }
   std::error_code ec;
   fs::rename(w.tmp_path, w.path, ec);
-  if (ec) fail("{}: cannot move the finished trace {} into place ({})", w.path, w.tmp_path, ec.message());
-  w.finished = true;
+  if (ec) {
+    w.abandon();
+    w.abandoned_because = "renaming failed";
+    fail("{}: cannot move the finished trace {} into place ({}); it was removed", w.path,
+         w.tmp_path, ec.message());
+  }
+  w.state = Impl::State::finished;
 }
 
 // ---- TraceReader -----------------------------------------------------------------------------
 
 struct TraceReader::Impl {
   std::string path;
-  std::unique_ptr<H5::H5File> file;
+  uint64_t file_size = 0;
+  Hid file;
+  std::unique_ptr<GlobalHeap> heap;
   TraceMeta meta;
-  std::vector<TraceEntry> entries;  // output series
-  std::set<std::string> paths;      // every series
+  Config config;
+  std::vector<TraceEntry> entries;       // output series
+  std::map<std::string, StageKey> keys;  // every series, by path
   std::set<Series> series;
 
-  void read_meta(const H5::Group& root) {
-    const AttrReader attrs{path, root, "/"};
+  std::string shown(std::string_view member_path) const { return printable(member_path, 120); }
+
+  void read_meta(hid_t root) {
+    const AttrReader attrs{path, file_size, *heap, root, "/"};
     if (!attrs.has("format")) fail("{}: not a gpt-oss-parity trace (no \"format\" attribute)", path);
     const auto format = attrs.str("format");
     if (format != kTraceFormat)
-      fail("{}: not a gpt-oss-parity trace (format is \"{}\", expected \"{}\")", path, format,
-           kTraceFormat);
+      fail("{}: not a gpt-oss-parity trace (format is {}, expected \"{}\")", path,
+           quoted(format), kTraceFormat);
     const int version = attrs.int1("format_version");
     if (version < kOldestTraceFormatVersion || version > kTraceFormatVersion)
       fail("{}: not a gpt-oss-parity trace this build reads (format_version {}, expected {} to "
@@ -343,6 +847,7 @@ struct TraceReader::Impl {
     // traces written by other tools (h5py dumps of a PyTorch run) need not invent them.
     meta.backend = attrs.str("backend");
     meta.config = attrs.json("config");
+    config = trace_config(meta.config, path);
     meta.fingerprint = attrs.str("checkpoint_fingerprint");
     auto optional_str = [&](const char* name) { return attrs.has(name) ? attrs.str(name) : ""; };
     meta.precision = optional_str("precision");
@@ -357,30 +862,61 @@ struct TraceReader::Impl {
       meta.precision_policy =
           PrecisionPolicy::from_json(attrs.json("precision_policy"), path + " (precision_policy)");
     if (attrs.has("run")) meta.run = attrs.json("run");
+    if (attrs.has("run_id")) {
+      meta.run_id = attrs.str("run_id", kMaxRunId);
+      if (!is_valid_run_id(meta.run_id))
+        fail("{}: attribute \"run_id\" of / is {}, not 1 to {} characters of [0-9A-Za-z-]", path,
+             quoted(meta.run_id), kMaxRunId);
+    }
   }
 
-  // Child names of a group in one pass (H5Literate, the HDF5 1.10 API): asking for the i-th name of a group is
-  // linear in its size, so a loop over indices would take quadratic time in the positions.
-  static std::vector<std::string> child_names(const H5::Group& g) {
-    std::vector<std::string> names;
-    auto collect = [](hid_t, const char* child, const H5L_info_t*, void* out) -> herr_t {
-      static_cast<std::vector<std::string>*>(out)->emplace_back(child);
-      return 0;
+  struct Link {
+    std::string name;
+    bool hard = false;
+  };
+
+  // A group's links in one pass (H5Literate): asking for the i-th name of a group is linear in
+  // its size, so a loop over indices would take quadratic time in the positions. By name: every
+  // group has that index; entries are sorted afterwards anyway.
+  std::vector<Link> links(hid_t group, const std::string& group_path) const {
+    std::vector<Link> out;
+    auto collect = [](hid_t, const char* name, const H5L_info_t* link, void* data) -> herr_t {
+      try {
+        static_cast<std::vector<Link>*>(data)->push_back({name, link->type == H5L_TYPE_HARD});
+        return 0;
+      } catch (...) {
+        return -1;  // no exception may cross the C library
+      }
     };
     hsize_t idx = 0;
-    if (H5Literate(g.getId(), H5_INDEX_NAME, H5_ITER_NATIVE, &idx, collect, &names) < 0)
-      throw H5::GroupIException("H5Literate", "cannot list a group's members");
-    return names;
+    if (H5Literate(group, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, collect, &out) < 0)
+      fail_hdf5(path, "listing " + (group_path.empty() ? std::string("/") : shown(group_path)));
+    return out;
   }
 
-  void index_datasets(const H5::Group& root) {
-    index_series(root, "", Series::output);
+  // A member the trace layout names. Only hard links: a soft link could alias, an external one
+  // would open another file (a FIFO, a device) on the reader's behalf.
+  Hid open_member(hid_t group, const Link& link, const std::string& member_path, H5I_type_t type,
+                  std::string_view what) const {
+    if (!link.hard)
+      fail("{}: {} is a soft or external link; a trace holds only its own groups and datasets",
+           path, shown(member_path));
+    Hid obj = checked(H5Oopen(group, link.name.c_str(), H5P_DEFAULT), H5Oclose, path,
+                      "opening " + shown(member_path));
+    if (H5Iget_type(obj.get()) != type) fail("{}: {} is not {}", path, shown(member_path), what);
+    return obj;
+  }
+
+  void index_datasets(hid_t root) {
+    const std::vector<Link> top = links(root, "");
+    index_series(root, top, "", Series::output);
     for (Series s : {Series::replay, Series::magnitude}) {
       const std::string group(series_name(s));
-      if (!root.nameExists(group)) continue;
-      if (root.childObjType(group) != H5O_TYPE_GROUP)
-        fail("{}: /{} is not a group of {} datasets", path, group, group);
-      index_series(root.openGroup(group), "/" + group, s);
+      const auto it = std::find_if(top.begin(), top.end(), [&](const Link& l) { return l.name == group; });
+      if (it == top.end()) continue;
+      const Hid g = open_member(root, *it, "/" + group, H5I_GROUP,
+                                fmt::format("a group of {} datasets", group));
+      index_series(g.get(), links(g.get(), "/" + group), "/" + group, s);
     }
     std::sort(entries.begin(), entries.end(), [](const TraceEntry& x, const TraceEntry& y) {
       return std::tie(x.key.position, x.key.order, x.path) <
@@ -389,116 +925,199 @@ struct TraceReader::Impl {
     meta.replay = series.contains(Series::replay);
   }
 
-  void index_series(const H5::Group& top, const std::string& prefix, Series s) {
-    for (const std::string& pos_name : child_names(top)) {
-      if (!pos_name.starts_with("pos_")) continue;  // room for users' own annotations
-      const auto position = parse_index(std::string_view(pos_name).substr(4));
-      if (!position || top.childObjType(pos_name) != H5O_TYPE_GROUP)
-        fail("{}: {}/{} is not a group named pos_<position>", path, prefix, pos_name);
-      const H5::Group pos_group = top.openGroup(pos_name);
-      for (const std::string& scope_name : child_names(pos_group)) {
-        const std::string scope_path = prefix + "/" + pos_name + "/" + scope_name;
+  void index_series(hid_t top, const std::vector<Link>& members, const std::string& prefix, Series s) {
+    for (const Link& pos_link : members) {
+      if (!pos_link.name.starts_with("pos_")) continue;  // room for users' own annotations
+      const std::string pos_path = prefix + "/" + pos_link.name;
+      const auto position = parse_index(std::string_view(pos_link.name).substr(4));
+      if (!position) fail("{}: {} is not a group named pos_<position>", path, shown(pos_path));
+      if (*position >= config.max_position_embeddings)
+        fail("{}: {}: position {} is beyond the model's context ({} positions)", path, pos_path,
+             *position, config.max_position_embeddings);
+      const Hid pos_group =
+          open_member(top, pos_link, pos_path, H5I_GROUP, "a group named pos_<position>");
+      for (const Link& scope_link : links(pos_group.get(), pos_path)) {
+        const std::string scope_path = pos_path + "/" + scope_link.name;
         std::optional<int> layer;
-        if (scope_name == "model")
+        if (scope_link.name == "model")
           layer = kModelLayer;
-        else if (scope_name.starts_with("layer_"))
-          layer = parse_index(std::string_view(scope_name).substr(6));
-        if (!layer || pos_group.childObjType(scope_name) != H5O_TYPE_GROUP)
-          fail("{}: {} is not a group named model or layer_<layer>", path, scope_path);
-        const H5::Group scope_group = pos_group.openGroup(scope_name);
-        for (const std::string& ds_name : child_names(scope_group))
-          add_entry(scope_group, scope_path, ds_name, *position, *layer, s);
+        else if (scope_link.name.starts_with("layer_"))
+          layer = parse_index(std::string_view(scope_link.name).substr(6));
+        if (!layer)
+          fail("{}: {} is not a group named model or layer_<layer>", path, shown(scope_path));
+        if (*layer >= config.num_hidden_layers)
+          fail("{}: {}: layer {} but the trace's config has {} layers", path, scope_path, *layer,
+               config.num_hidden_layers);
+        const Hid scope_group = open_member(pos_group.get(), scope_link, scope_path, H5I_GROUP,
+                                            "a group named model or layer_<layer>");
+        for (const Link& ds_link : links(scope_group.get(), scope_path))
+          add_entry(scope_group.get(), scope_path, ds_link, *position, *layer, s);
       }
     }
   }
 
-  void add_entry(const H5::Group& group, const std::string& group_path, const std::string& name,
-                 int position, int layer, Series s) {
-    const std::string ds_path = group_path + "/" + name;
-    const auto stage = stage_from_name(name);
-    if (!stage || group.childObjType(name) != H5O_TYPE_DATASET)
-      fail("{}: {} is not a dataset named after a stage", path, ds_path);
+  void add_entry(hid_t group, const std::string& group_path, const Link& link, int position,
+                 int layer, Series s) {
+    const std::string ds_path = group_path + "/" + link.name;
+    const auto stage = stage_from_name(link.name);
+    if (!stage) fail("{}: {} is not a dataset named after a stage", path, shown(ds_path));
     if (is_model_scope(*stage) != (layer == kModelLayer))
-      fail("{}: {}: stage {} does not belong in {}", path, ds_path, name, group_path);
-    const H5::DataSet ds = group.openDataSet(name);
-    const AttrReader attrs{path, ds, ds_path};
-    const std::string stage_attr = attrs.str("stage");
+      fail("{}: {}: stage {} does not belong in {}", path, ds_path, link.name, group_path);
+    const Hid ds = open_member(group, link, ds_path, H5I_DATASET, "a dataset");
+    const AttrReader attrs{path, file_size, *heap, ds.get(), ds_path};
+    const std::string stage_attr = attrs.str("stage", kMaxStageName);
     const int layer_attr = attrs.int1("layer"), position_attr = attrs.int1("position");
-    if (stage_attr != name || layer_attr != layer || position_attr != position)
+    if (stage_attr != link.name || layer_attr != layer || position_attr != position)
       fail("{}: {} has attributes stage={}, layer={}, position={} that disagree with its path",
-           path, ds_path, stage_attr, layer_attr, position_attr);
+           path, ds_path, quoted(stage_attr), layer_attr, position_attr);
     const StageKey key{position, layer, *stage, attrs.int1("order"), s};
-    paths.insert(ds_path);
+    keys.emplace(ds_path, key);
     series.insert(s);
     if (s == Series::output) entries.push_back({ds_path, key});
   }
+
+  // One dataset's values, after checking everything that decides how much is allocated.
+  StageData read(const std::string& ds_path, const StageKey& key) const {
+    const std::string doing = "reading " + ds_path;
+    const Hid ds = checked(H5Dopen2(file.get(), ds_path.c_str(), H5P_DEFAULT), H5Dclose, path, doing);
+
+    // Where the data lives: in this file. External storage would read other files (a FIFO, a
+    // device); a virtual dataset maps other files' datasets.
+    const Hid dcpl = checked(H5Dget_create_plist(ds.get()), H5Pclose, path, doing);
+    const int external = H5Pget_external_count(dcpl.get());
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    const int filters = H5Pget_nfilters(dcpl.get());
+    if (external < 0 || layout < 0 || filters < 0) fail_hdf5(path, doing);
+    if (external > 0 || layout == H5D_VIRTUAL)
+      fail("{}: {} keeps its data in other files ({}); a trace's data is in the trace", path,
+           ds_path, external > 0 ? "external storage" : "a virtual dataset");
+
+    // The shape: its stage's rule at its position under the trace's config.
+    const Hid space = checked(H5Dget_space(ds.get()), H5Sclose, path, doing);
+    if (H5Sget_simple_extent_type(space.get()) != H5S_SIMPLE)
+      fail("{}: {} holds a scalar or nothing; a stage row is an array", path, ds_path);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0 || rank > H5S_MAX_RANK) fail_hdf5(path, doing);
+    std::array<hsize_t, H5S_MAX_RANK> extent{};
+    if (H5Sget_simple_extent_dims(space.get(), extent.data(), nullptr) != rank) fail_hdf5(path, doing);
+    const std::vector<uint64_t> dims(extent.begin(), extent.begin() + rank);
+    const std::vector<size_t> expected = stage_dims(config, key.stage, key.position);
+    if (!std::equal(dims.begin(), dims.end(), expected.begin(), expected.end()))
+      fail("{}: {} holds {} values but a {} row at position {} is {} under the trace's config",
+           path, ds_path, dims_text(dims), name(key.stage), key.position, dims_text(expected));
+    int64_t n = 1;
+    for (size_t d : expected) n = checked_mul(n, int64_t(d), path + ": " + ds_path);
+
+    // The element type: int32 for index stages, float64 or float32 for real ones.
+    const Hid type = checked(H5Dget_type(ds.get()), H5Tclose, path, doing);
+    const H5T_class_t cls = H5Tget_class(type.get());
+    const size_t size = H5Tget_size(type.get());
+    StageData d;
+    d.dims = expected;
+    hid_t mem_type = H5T_NATIVE_DOUBLE;
+    if (info(key.stage).kind == ValueKind::Index) {
+      if (cls != H5T_INTEGER || size != 4 || H5Tget_sign(type.get()) != H5T_SGN_2)
+        fail("{}: {} is not int32, the type of the index stage {}", path, ds_path, name(key.stage));
+      d.type = StageData::Type::I32;
+      mem_type = H5T_NATIVE_INT32;
+    } else if (cls == H5T_FLOAT && (size == 8 || size == 4)) {
+      d.type = size == 8 ? StageData::Type::F64 : StageData::Type::F32;
+      mem_type = size == 8 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+    } else {
+      fail("{}: {} is not float64 or float32, the types of the real stage {}", path, ds_path,
+           name(key.stage));
+    }
+
+    // The size: no more than the file holds (or, compressed, could inflate to).
+    const int64_t bytes = checked_mul(n, int64_t(size), path + ": " + ds_path);
+    const int64_t file_bytes = int64_t(std::min<uint64_t>(file_size, uint64_t(std::numeric_limits<int64_t>::max())));
+    const int64_t limit = layout == H5D_CHUNKED && filters > 0
+                              ? checked_mul(file_bytes, kMaxInflation, path)
+                              : file_bytes;
+    if (bytes > limit)
+      fail("{}: {} declares {} bytes of data but the file is {} bytes", path, ds_path, bytes,
+           file_size);
+
+    void* buffer = nullptr;
+    switch (d.type) {
+      case StageData::Type::F64: d.f64.resize(size_t(n)); buffer = d.f64.data(); break;
+      case StageData::Type::F32: d.f32.resize(size_t(n)); buffer = d.f32.data(); break;
+      case StageData::Type::I32: d.i32.resize(size_t(n)); buffer = d.i32.data(); break;
+    }
+    if (H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer) < 0) fail_hdf5(path, doing);
+    return d;
+  }
 };
 
-TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
-  quiet_hdf5_errors();
-  impl_->path = path;
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (!fs::exists(status)) {
-    if (ec && ec != std::errc::no_such_file_or_directory)
-      fail("{}: cannot access ({})", path, ec.message());
-    fail("{}: no such file", path);
+namespace {
+// The version of the file's superblock, read from the file itself (HDF5 looks for its
+// signature at 0, 512, 1024, 2048, ...); -1 when there is none.
+int superblock_version(const std::string& path, uint64_t file_size) {
+  static constexpr unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail("{}: cannot open for reading ({})", path, std::strerror(errno));
+  int version = -1;
+  for (uint64_t at = 0; at + 9 <= file_size; at = at == 0 ? 512 : 2 * at) {
+    unsigned char head[9];
+    if (::pread(fd, head, sizeof head, off_t(at)) != ssize_t(sizeof head)) break;
+    if (std::memcmp(head, kSignature, sizeof kSignature) == 0) {
+      version = head[8];
+      break;
+    }
   }
-  if (fs::is_directory(status)) fail("{}: is a directory, not a trace file", path);
-  if (!std::ifstream(path, std::ios::binary)) fail("{}: cannot open for reading", path);
-  hdf5_call(path, "reading the trace", [&] {
-    if (!H5::H5File::isHdf5(path))
-      fail("{}: not an HDF5 file (a gpt-oss-parity trace is HDF5)", path);
-    impl_->file = std::make_unique<H5::H5File>(path, H5F_ACC_RDONLY);
-    const H5::Group root = impl_->file->openGroup("/");
-    impl_->read_meta(root);
-    impl_->index_datasets(root);
-  });
+  ::close(fd);
+  return version;
+}
+}  // namespace
+
+TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  silence_hdf5();
+  // A trace needs only the filters built into the library: a file naming an unknown filter
+  // must not make HDF5 load a plugin from HDF5_PLUGIN_PATH.
+  H5PLset_loading_state(0);
+  Impl& r = *impl_;
+  r.path = path;
+  // Regular files only: a FIFO or a device would block the open or never end.
+  r.file_size = require_regular_file(path, std::numeric_limits<uint64_t>::max(), "trace");
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 < 0) fail_hdf5(path, "opening the trace");
+  if (is_hdf5 == 0) fail("{}: not an HDF5 file (a gpt-oss-parity trace is HDF5)", path);
+  // Superblocks 0 and 1 go with the HDF5 1.6 object format, whose metadata has no checksums:
+  // HDF5 1.10 decodes a damaged object header of that format unchecked and crashes. Every
+  // trace this project wrote has superblock 2 or later; another tool's file is refused here,
+  // before HDF5 reads any of its objects, with the way to convert it.
+  const int superblock = superblock_version(path, r.file_size);
+  if (superblock >= 0 && superblock < 2)
+    fail("{}: written in an HDF5 format without metadata checksums (superblock version {}), "
+         "which HDF5 1.10 cannot read safely; rewrite it in the newest format (h5repack --latest "
+         "IN OUT, or h5py.File(..., libver=\"latest\"))",
+         path, superblock);
+  const Hid fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, path, "opening the trace");
+  if (H5Pset_fapl_sec2(fapl.get()) < 0) fail_hdf5(path, "opening the trace");
+  r.file = checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, path,
+                   "opening the trace");
+  register_raw_heap_id(path);
+  r.heap = std::make_unique<GlobalHeap>(r.path, r.file_size, r.file.get());
+  const Hid root = checked(H5Gopen2(r.file.get(), "/", H5P_DEFAULT), H5Gclose, path, "opening /");
+  r.read_meta(root.get());
+  r.index_datasets(root.get());
 }
 
 TraceReader::~TraceReader() = default;
 
 const TraceMeta& TraceReader::meta() const { return impl_->meta; }
+const Config& TraceReader::config() const { return impl_->config; }
 const std::string& TraceReader::path() const { return impl_->path; }
 const std::vector<TraceEntry>& TraceReader::entries() const { return impl_->entries; }
 bool TraceReader::has(const std::string& dataset_path) const {
-  return impl_->paths.contains(dataset_path);
+  return impl_->keys.contains(dataset_path);
 }
 bool TraceReader::has_series(Series s) const { return impl_->series.contains(s); }
 
 StageData TraceReader::read(const std::string& dataset_path) const {
-  const std::string& file = impl_->path;
-  if (!has(dataset_path)) fail("{}: no dataset {}", file, dataset_path);
-  return hdf5_call(file, "reading " + dataset_path, [&] {
-    const H5::DataSet ds = impl_->file->openDataSet(dataset_path);
-    const H5::DataSpace space = ds.getSpace();
-    const int rank = space.getSimpleExtentNdims();
-    std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
-    if (rank > 0) space.getSimpleExtentDims(dims.data());
-    StageData d;
-    d.dims.assign(dims.begin(), dims.end());
-    size_t n = 1;
-    for (size_t x : d.dims) n *= x;
-    const H5T_class_t cls = ds.getTypeClass();
-    if (cls == H5T_FLOAT && ds.getFloatType().getSize() == 8) {
-      d.type = StageData::Type::F64;
-      d.f64.resize(n);
-      if (n > 0) ds.read(d.f64.data(), H5::PredType::NATIVE_DOUBLE);
-    } else if (cls == H5T_FLOAT && ds.getFloatType().getSize() == 4) {
-      d.type = StageData::Type::F32;
-      d.f32.resize(n);
-      if (n > 0) ds.read(d.f32.data(), H5::PredType::NATIVE_FLOAT);
-    } else if (cls == H5T_INTEGER && ds.getIntType().getSize() == 4 &&
-               ds.getIntType().getSign() == H5T_SGN_2) {
-      d.type = StageData::Type::I32;
-      d.i32.resize(n);
-      if (n > 0) ds.read(d.i32.data(), H5::PredType::NATIVE_INT32);
-    } else {
-      fail("{}: {} has an unsupported element type (expected float64, float32 or int32)", file,
-           dataset_path);
-    }
-    return d;
-  });
+  const auto it = impl_->keys.find(dataset_path);
+  if (it == impl_->keys.end()) fail("{}: no dataset {}", impl_->path, dataset_path);
+  return impl_->read(dataset_path, it->second);
 }
 
 }  // namespace parity

@@ -1,10 +1,11 @@
-// HDF5 trace files (HDF5 C++ API). Layout, for h5dump/h5py users:
-//   /                         attributes: format="gpt-oss-parity-trace", format_version=1,
+// HDF5 trace files (HDF5 C API). Layout, for h5dump/h5py users:
+//   /                         attributes: format="gpt-oss-parity-trace", format_version=2,
 //                             backend, precision, config (JSON text), checkpoint_fingerprint,
 //                             model_dir, tokens (int32[]), positions (int32[]), tool_version,
 //                             commit, device (JSON text), created (ISO 8601 UTC)
 //                             precision_policy (JSON: unit roundoffs, function ulps), replay
-//                             (1 when the trace holds replay datasets), run (JSON: how it ran)
+//                             (1 when the trace holds replay datasets), run (JSON: how it ran),
+//                             run_id (shared by the reference and candidate traces of one run)
 //   /pos_<P>/model/<stage>    model-scope stages (embedding, final_norm, logits, sampled)
 //   /pos_<P>/layer_<L>/<stage>
 //   /replay/pos_<P>/...       candidate traces: each stage re-run on the reference's inputs
@@ -17,6 +18,17 @@
 // topk_idx. Dataset attributes: stage, layer (-1 at model scope), position, order (execution
 // order within the position). A trace is written under a temporary name and renamed when
 // complete. Format version 1 (no replay, magnitude, sampled, precision_policy) is still read.
+//
+// Written with the newest HDF5 file format (superblock 3, object headers 2: every metadata
+// block carries a checksum, so a damaged file is a checksum error rather than a wild pointer),
+// string attributes as fixed-length UTF-8 (no global heap, the one metadata structure without
+// a checksum), and groups that track link creation order, so that h5ls and h5py list
+// positions, layers and stages in the order they ran.
+//
+// A trace is untrusted input: the reader refuses anything it cannot vouch for (an attribute of
+// the wrong type or shape, a dataset whose shape is not its stage's under the trace's config or
+// whose size the file cannot hold, a soft or external link, a config that is not a gpt-oss
+// config) with one line naming the file, and never allocates more than the file could hold.
 #pragma once
 #include <map>
 #include <memory>
@@ -24,8 +36,10 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "model/config.h"
 #include "model/forward.h"
 
 namespace parity {
@@ -49,7 +63,16 @@ struct TraceMeta {
   std::optional<PrecisionPolicy> precision_policy;  // absent in format version 1
   bool replay = false;                              // holds /replay datasets
   nlohmann::json run = nlohmann::json::object();    // run options (replay, generate, ...)
+  // The run both traces of one parity-trace run share (new_run_id()); "" = not recorded (format
+  // version 1, other tools). The differ refuses a pair whose run ids are both set and differ:
+  // a new reference beside a candidate left by an interrupted earlier run.
+  std::string run_id;
 };
+
+// A fresh run id: 128 random bits as 32 lowercase hex digits.
+std::string new_run_id();
+// What a run id may be: 1 to 64 characters of [0-9A-Za-z-] (new_run_id()'s hex, or a UUID).
+bool is_valid_run_id(std::string_view id);
 
 std::string trace_dataset_path(int position, int layer, Stage s, Series series = Series::output);
 std::string_view series_name(Series s);  // "output", "replay", "magnitude"
@@ -57,13 +80,20 @@ std::string_view series_name(Series s);  // "output", "replay", "magnitude"
 // Observer that writes every wanted stage row into an HDF5 file. `positions` empty = all.
 class TraceWriter : public Observer {
  public:
+  // Refuses an output path that exists and is not a regular file, and a meta whose config is
+  // not a gpt-oss config or whose run_id is malformed.
   TraceWriter(std::string path, TraceMeta meta, std::set<int> positions = {});
   ~TraceWriter() override;  // an unfinished trace is removed
   bool wants(int position, int layer, Stage s) const override;
+  // Refuses (and writes nothing for) a row whose dims are not its stage's at that position under
+  // meta.config, whose type is not its stage's kind, or that was recorded before.
   void record(const StageKey& key, const StageData& data) override;
   // The token list and positions written at finish() (a generating run learns them late).
   void set_tokens(std::vector<int32_t> tokens, std::vector<int32_t> positions);
-  void finish();  // closes and renames into place
+  // Closes and renames into place. A failed HDF5 call anywhere (a full disk) abandons the trace:
+  // the file is closed once, the temporary file removed, and one Error names the trace and the
+  // HDF5 error; later calls are refused.
+  void finish();
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -79,12 +109,15 @@ class TraceReader {
   explicit TraceReader(const std::string& path);  // throws naming the file if not a trace
   ~TraceReader();
   const TraceMeta& meta() const;
+  const Config& config() const;  // meta().config, validated
   const std::string& path() const;
   // The output datasets, sorted by (position, order); replay and magnitude datasets are found
   // by path (trace_dataset_path with their series).
   const std::vector<TraceEntry>& entries() const;
   bool has(const std::string& dataset_path) const;
   bool has_series(Series s) const;
+  // Checks the dataset's shape against its stage's rule, its element type against its stage's
+  // kind, and its size against the file's, before allocating; throws naming file and dataset.
   StageData read(const std::string& dataset_path) const;
  private:
   struct Impl;

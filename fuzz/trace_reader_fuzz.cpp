@@ -1,0 +1,85 @@
+// Fuzzes the trace reader (tracer/trace_file.h): the code that opens the files users hand to
+// parity-diff, which may be damaged, truncated, or made by another tool.
+//
+// Input: the bytes of a whole file, meant to be an HDF5 trace. The seeds in
+// fuzz/corpus/trace_reader_fuzz/ are small valid traces (a reference trace with magnitude rows, a
+// candidate with replay rows and a run id, a trace in the older layout with variable-length
+// string attributes) and truncated and bit-flipped copies of them.
+//
+// Each input is written to a temporary file, opened with TraceReader (metadata and index), and
+// every output dataset is read, with its replay and magnitude rows where the trace has them;
+// each read on its own, so that one refused dataset does not hide the others. parity::Error is
+// the reader's answer to a bad file and is swallowed. Anything else is a finding: a crash, a
+// sanitizer report, another exception escaping, a hang, or memory beyond libFuzzer's limit (the
+// reader must never allocate more than the file could hold).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "model/error.h"
+#include "tracer/trace_file.h"
+
+namespace {
+
+// One scratch file per process, rewritten for every input (a new file per input would only add
+// file system noise), removed at exit.
+std::string g_scratch;
+
+const std::string& scratch_path() {
+  if (g_scratch.empty()) {
+    const char* dir = std::getenv("TMPDIR");
+    std::string name = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") +
+                       "/trace_reader_fuzz-XXXXXX";
+    const int fd = ::mkstemp(name.data());
+    if (fd < 0) std::abort();
+    ::close(fd);
+    g_scratch = name;
+    std::atexit([] { ::unlink(g_scratch.c_str()); });
+  }
+  return g_scratch;
+}
+
+void write_file(const std::string& path, const uint8_t* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  if (fd < 0) std::abort();
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n <= 0) std::abort();
+    done += size_t(n);
+  }
+  ::close(fd);
+}
+
+void read_one(const parity::TraceReader& reader, const std::string& path) {
+  try {
+    const parity::StageData row = reader.read(path);
+    // The reader promises rows of their declared shape: a mismatch is a finding.
+    size_t n = 1;
+    for (size_t d : row.dims) n *= d;
+    if (n != row.size()) __builtin_trap();
+  } catch (const parity::Error&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string& path = scratch_path();
+  write_file(path, data, size);
+  try {
+    const parity::TraceReader reader(path);
+    for (const parity::TraceEntry& e : reader.entries()) {
+      read_one(reader, e.path);
+      for (parity::Series s : {parity::Series::replay, parity::Series::magnitude}) {
+        const std::string side = parity::trace_dataset_path(e.key.position, e.key.layer, e.key.stage, s);
+        if (reader.has(side)) read_one(reader, side);
+      }
+    }
+  } catch (const parity::Error&) {
+  }
+  return 0;
+}
