@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "model/error.h"
+#include "model/fingerprint.h"
 #include "model/untrusted.h"
 
 namespace parity {
@@ -301,22 +302,9 @@ std::vector<std::string> TensorStore::names() const {
 }
 
 std::string TensorStore::fingerprint() const {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
-  for (const auto& [name, v] : index_) {
-    mix(name.data(), name.size());
-    mix(&v->dtype, sizeof(v->dtype));
-    for (auto d : v->shape) mix(&d, sizeof(d));
-    const size_t edge = std::min<size_t>(v->nbytes, 4096);
-    mix(v->data, edge);
-    mix(v->data + v->nbytes - edge, edge);
-    const size_t stride = std::max<size_t>(v->nbytes / 64, 1);
-    for (size_t o = 0; o < v->nbytes; o += stride) mix(v->data + o, std::min<size_t>(64, v->nbytes - o));
-  }
-  return fmt::format("{:016x}", h);
+  std::vector<FingerprintFile> files;
+  for (const auto& f : files_) files.push_back({fs::path(f->path()).filename().string(), f->bytes()});
+  return checkpoint_fingerprint(dir_, files);
 }
 
 SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Decl> decls,

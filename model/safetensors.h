@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,8 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The whole file as mapped (header and data).
+  std::span<const uint8_t> bytes() const { return {static_cast<const uint8_t*>(map_), size_}; }
 
  private:
   std::string path_;
@@ -71,8 +74,8 @@ class TensorStore {
   bool has(const std::string& name) const { return find(name) != nullptr; }
   const std::string& dir() const { return dir_; }
   std::vector<std::string> names() const;
-  // Content fingerprint: FNV-1a over sorted names, dtypes, shapes and sampled bytes of every
-  // tensor (first/last 4 KiB and a stride through the middle); cheap even for 13 GB.
+  // Content fingerprint over every byte of every file (model/fingerprint.h: XXH3-128, cached
+  // beside the checkpoint by size, inode and times).
   std::string fingerprint() const;
 
  private:

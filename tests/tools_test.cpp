@@ -102,6 +102,51 @@ TEST(Tools, TracesOfDifferentRunsAreNotCompared) {
   EXPECT_NE(r.output.find("different runs"), std::string::npos) << r.output;
 }
 
+// parity-diff compares what it is asked to, as h5diff does: object paths, --stage, --layer,
+// --position, --exclude; the first divergence is the first among the selected datasets, and the
+// report says what was left out.
+TEST(Tools, DiffSelectsStagesLayersPositionsAndPaths) {
+  const std::string dir = test::temp_dir("select");
+  const auto run = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                      " --tokens 1,2,3 --candidate cpu-f32 --inject qkv:1 --out " + dir);
+  ASSERT_EQ(run.exit_code, 1) << run.output;
+  const std::string pair = dir + "/candidate.h5 " + dir + "/reference.h5 -q";
+  const auto first = [](const std::string& out) {  // "position 0, layer 1, stage qkv"
+    const std::string tag = "first divergence at ";
+    const auto at = out.find(tag);
+    return at == std::string::npos ? std::string() : out.substr(at + tag.size(), out.find(':', at) - at - tag.size());
+  };
+  auto r = test::run_tool("parity-diff", pair);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(first(r.output), "position 0, layer 1, stage qkv") << r.output;
+  r = test::run_tool("parity-diff", pair + " --layer 0,model");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_tool("parity-diff", pair + " --stage qkv --position 2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(first(r.output), "position 2, layer 1, stage qkv") << r.output;
+  r = test::run_tool("parity-diff", pair + " /pos_1/");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(first(r.output), "position 1, layer 1, stage qkv") << r.output;
+  r = test::run_tool("parity-diff", pair + " --exclude /pos_0 --exclude /pos_1/layer_1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(first(r.output), "position 2, layer 1, stage qkv") << r.output;
+  r = test::run_tool("parity-diff", pair + " --exclude /pos_0/layer_1/qkv --exclude /pos_1 --exclude /pos_2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  // The report says what was compared.
+  r = test::run_tool("parity-diff", dir + "/candidate.h5 " + dir + "/reference.h5 --stage qkv --layer 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("3 datasets compared"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("selected: stage qkv; layer 1;"), std::string::npos) << r.output;
+
+  for (const char* bad : {"--stage nope", "--layer x", "--layer -3", "pos_1", "--exclude layer_1",
+                          "--position 99", "--position -1"}) {
+    r = test::run_tool("parity-diff", pair + " " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
+    EXPECT_EQ(lines(r.output), 1u) << bad << ": " << r.output;
+  }
+}
+
 TEST(Tools, GoldenCompareNeedsNumbers) {
   const std::string dir = test::temp_dir("golden-empty");
   std::ofstream(dir + "/a.txt").close();

@@ -1141,7 +1141,8 @@ TEST(TraceFile, RunIdPairsTheTracesOfOneRun) {
   const std::string forged = dir.file("forged.h5");
   fs::copy_file(b_same, forged);
   const Id scalar(H5Screate(H5S_SCALAR), H5Sclose);
-  replace_attr(forged, "/", "run_id", string_type(12), scalar, "bad id\x1b[2J");
+  const std::string forged_id = "bad id\x1b[2J";
+  replace_attr(forged, "/", "run_id", string_type(forged_id.size() + 1), scalar, forged_id.c_str());
   expect_error([&] { TraceReader r(forged); }, {forged, "run_id"});
 }
 

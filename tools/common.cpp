@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -226,6 +227,87 @@ Criterion criterion_from_flags(const CriterionFlags& f) {
     criterion.judge = f.judge == "local" ? Judge::local : Judge::accumulated;
   }
   return criterion;
+}
+
+void add_criterion_options(CLI::App& app, CriterionFlags& cf, const std::string& judge_help) {
+  auto* o_atol = app.add_option("--atol", cf.atol,
+                                "fixed absolute tolerance (with --rtol; replaces the derived bounds)")
+                     ->each([&cf](const std::string&) { cf.explicit_abs_rel = true; });
+  auto* o_rtol = app.add_option("--rtol", cf.rtol, "fixed relative tolerance (with --atol)");
+  o_atol->needs(o_rtol);
+  o_rtol->needs(o_atol);
+  auto* o_tol = app.add_option("--tolerance", cf.tolerance,
+                               "derived (per-element bounds from the reference and the candidate's "
+                               "precision) or a fixed profile name: " + profile_names())
+                    ->capture_default_str();
+  app.add_option("--profile", cf.profile, "a fixed tolerance profile: " + profile_names())
+      ->excludes(o_atol)
+      ->excludes(o_rtol)
+      ->excludes(o_tol);
+  o_tol->excludes(o_atol);
+  app.add_option("--stage-tol", cf.stage_tolerances,
+                 "per-stage fixed tolerance STAGE=ATOL,RTOL (repeatable, with --profile or "
+                 "--atol/--rtol), e.g. logits=1e-4,1e-3");
+  app.add_option("--lambda", cf.lambda, "probabilistic factor of the derived bounds of sums")
+      ->capture_default_str();
+  app.add_option("--bound-safety", cf.safety, "multiplies every derived bound")->capture_default_str();
+  app.add_option("--judge", cf.judge, judge_help)->check(CLI::IsMember({"local", "accumulated"}));
+}
+
+namespace {
+std::string stage_names_text() {
+  std::string names;
+  for (const auto& s : kStages) names += (names.empty() ? "" : ", ") + std::string(s.name);
+  return names;
+}
+}  // namespace
+
+void add_selection_options(CLI::App& app, SelectionFlags& f) {
+  app.add_option("--stage", f.stages, "compare only these stages (repeatable or comma-separated): " +
+                                          stage_names_text())
+      ->delimiter(',');
+  app.add_option("--layer", f.layers,
+                 "compare only these layers (repeatable or comma-separated; 'model' for the "
+                 "model-scope stages)")
+      ->delimiter(',');
+  app.add_option("--position", f.positions, "compare only these positions (repeatable or comma-separated)")
+      ->delimiter(',');
+  app.add_option("--exclude", f.excluded,
+                 "leave out this object and everything under it, e.g. /pos_0 or /pos_3/layer_1/qkv "
+                 "(repeatable; h5diff's --exclude-path)");
+}
+
+DiffSelection selection_from_flags(const SelectionFlags& f) {
+  DiffSelection sel;
+  for (const auto& name : f.stages) {
+    const auto stage = stage_from_name(name);
+    if (!stage) fail("--stage {}: not a stage ({})", quoted(name, 40), stage_names_text());
+    sel.stages.insert(*stage);
+  }
+  for (const auto& text : f.layers) {
+    if (text == "model") {
+      sel.layers.insert(kModelLayer);
+      continue;
+    }
+    int layer = -1;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), layer);
+    if (ec != std::errc() || end != text.data() + text.size() || layer < 0)
+      fail("--layer {}: a layer number (0, 1, ...) or 'model'", quoted(text, 40));
+    sel.layers.insert(layer);
+  }
+  for (int p : f.positions) {
+    if (p < 0) fail("--position {}: positions start at 0", p);
+    sel.positions.insert(p);
+  }
+  const auto check_path = [](const std::string& path, const char* what) {
+    if (path.empty() || path[0] != '/')
+      fail("{} {}: an object path starts with '/' (e.g. /pos_3/layer_1/qkv)", what, quoted(path, 80));
+  };
+  for (const auto& p : f.paths) check_path(p, "object");
+  for (const auto& p : f.excluded) check_path(p, "--exclude");
+  sel.paths = f.paths;
+  sel.excluded = f.excluded;
+  return sel;
 }
 
 }  // namespace parity

@@ -81,4 +81,18 @@ struct CriterionFlags {
 };
 Criterion criterion_from_flags(const CriterionFlags& flags);
 
+// Adds the criterion flags above to a tool's command line (--tolerance, --profile, --atol and
+// --rtol, --stage-tol, --lambda, --bound-safety, --judge); `judge_help` says what --judge
+// defaults to in that tool. explicit_abs_rel is set when --atol is given.
+void add_criterion_options(CLI::App& app, CriterionFlags& flags, const std::string& judge_help);
+
+// parity-diff's selection flags (--stage, --layer, --position, --exclude; object paths are the
+// tool's positionals) into a DiffSelection; throws parity::Error naming a bad value.
+struct SelectionFlags {
+  std::vector<std::string> stages, layers, paths, excluded;
+  std::vector<int> positions;
+};
+void add_selection_options(CLI::App& app, SelectionFlags& flags);
+DiffSelection selection_from_flags(const SelectionFlags& flags);
+
 }  // namespace parity

@@ -33,31 +33,17 @@ int diff_main(int argc, char** argv) {
       "models)."};
   std::string a_path, b_path, report = "text", output;
   CriterionFlags cf;
+  SelectionFlags sel;
   bool quiet = false;
   int count = 10;
   app.add_option("A", a_path, "candidate trace (.h5)")->required();
   app.add_option("B", b_path, "reference trace (.h5); relative error is taken against B")->required();
-  auto* o_atol = app.add_option("--atol", cf.atol, "absolute tolerance (with --rtol, instead of --profile)");
-  auto* o_rtol = app.add_option("--rtol", cf.rtol, "relative tolerance (with --atol, instead of --profile)");
-  o_atol->needs(o_rtol);
-  o_rtol->needs(o_atol);
-  auto* o_tol = app.add_option("--tolerance", cf.tolerance,
-                               "derived, or a fixed profile name: " + profile_names())
-                    ->capture_default_str();
-  app.add_option("--profile", cf.profile, "a fixed tolerance profile: " + profile_names())
-                        ->excludes(o_atol)
-                        ->excludes(o_rtol)
-                        ->excludes(o_tol);
-  o_tol->excludes(o_atol);
-  app.add_option("--stage-tol", cf.stage_tolerances,
-                 "per-stage fixed tolerance STAGE=ATOL,RTOL (repeatable, with --profile or "
-                 "--atol/--rtol), e.g. logits=1e-4,1e-3");
-  app.add_option("--lambda", cf.lambda, "probabilistic factor of the derived bounds of sums")
-      ->capture_default_str();
-  app.add_option("--bound-safety", cf.safety, "multiplies every derived bound")->capture_default_str();
-  app.add_option("--judge", cf.judge,
-                 "local (default when A has replay datasets) or accumulated: which error decides")
-      ->check(CLI::IsMember({"local", "accumulated"}));
+  app.add_option("OBJECTS", sel.paths,
+                 "compare only these objects and what is under them (as h5diff): /pos_3, "
+                 "/pos_3/layer_1, /pos_3/layer_1/qkv");
+  add_criterion_options(app, cf,
+                        "local (default when A has replay datasets) or accumulated: which error decides");
+  add_selection_options(app, sel);
   app.add_option("--report", report, "report format: text, json, junit, html")
       ->capture_default_str()
       ->check(CLI::IsMember({"text", "json", "junit", "html"}));
@@ -68,8 +54,8 @@ int diff_main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000000));
   if (const auto done = parse_command_line(app, "parity-diff", argc, argv)) return *done;
 
-  cf.explicit_abs_rel = o_atol->count() > 0;
   const Criterion criterion = criterion_from_flags(cf);
+  const DiffSelection selection = selection_from_flags(sel);
   const ReportFormat format = parse_report_format(report);
 
   // A JUnit report asked for is written even when the diff cannot run (an unreadable trace, a
@@ -78,6 +64,7 @@ int diff_main(int argc, char** argv) {
     const TraceReader a(a_path), b(b_path);
     DiffOptions options;
     options.max_listed = size_t(count);
+    options.selection = selection;
     return diff_traces(a, b, criterion, options);
   };
   DiffResult result;

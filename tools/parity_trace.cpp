@@ -112,29 +112,7 @@ int trace_main(int argc, char** argv) {
   app.add_flag("--no-replay", no_replay,
                "do not replay the candidate's stages on the reference's inputs (then only the "
                "accumulated error is known, and drift can look like divergence)");
-  auto* o_tol = app.add_option("--tolerance", cf.tolerance,
-                               "derived (per-element bounds from the reference and the candidate's "
-                               "precision) or a profile name: " + profile_names())
-                    ->capture_default_str();
-  auto* o_profile =
-      app.add_option("--profile", cf.profile, "a fixed tolerance profile: " + profile_names());
-  auto* o_atol =
-      app.add_option("--atol", cf.atol, "fixed absolute tolerance (with --rtol; replaces the bounds)");
-  auto* o_rtol = app.add_option("--rtol", cf.rtol, "fixed relative tolerance (with --atol)");
-  o_atol->needs(o_rtol);
-  o_rtol->needs(o_atol);
-  app.add_option("--stage-tol", cf.stage_tolerances,
-                 "per-stage fixed tolerance STAGE=ATOL,RTOL (repeatable, with --profile or "
-                 "--atol/--rtol), e.g. logits=1e-4,1e-3");
-  o_profile->excludes(o_atol)->excludes(o_tol);
-  o_tol->excludes(o_atol);
-  app.add_option("--lambda", cf.lambda, "probabilistic factor of the derived bounds of sums")
-      ->capture_default_str();
-  app.add_option("--bound-safety", cf.safety, "multiplies every derived bound")
-      ->capture_default_str();
-  app.add_option("--judge", cf.judge,
-                 "local (default with replay) or accumulated: which error decides")
-      ->check(CLI::IsMember({"local", "accumulated"}));
+  add_criterion_options(app, cf, "local (default with replay) or accumulated: which error decides");
   app.add_option("--step", step_rows, "prompt rows per forward step (prefill batch size)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
@@ -154,7 +132,6 @@ int trace_main(int argc, char** argv) {
     if (candidate.empty()) candidate = default_candidate();
 
     // The criterion, checked before any work.
-    cf.explicit_abs_rel = o_atol->count() > 0;
     const Criterion criterion = criterion_from_flags(cf);
     if (criterion.judge == Judge::local && no_replay)
       fail("--judge local needs the replay that --no-replay turns off");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <fmt/ranges.h>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -341,6 +342,44 @@ size_t DiffResult::failed_datasets() const {
                               [](const DatasetDiff& d) { return d.failed(); }));
 }
 
+namespace {
+// "/pos_3/" -> "/pos_3"; a path is the object itself or anything under it.
+bool under(const std::string& path, std::string_view object) {
+  while (object.size() > 1 && object.back() == '/') object.remove_suffix(1);
+  if (object == "/") return true;
+  return path.size() >= object.size() && path.compare(0, object.size(), object) == 0 &&
+         (path.size() == object.size() || path[object.size()] == '/');
+}
+}  // namespace
+
+bool DiffSelection::empty() const {
+  return stages.empty() && layers.empty() && positions.empty() && paths.empty() && excluded.empty();
+}
+
+bool DiffSelection::selects(const std::string& path, const StageKey& key) const {
+  if (!stages.empty() && !stages.contains(key.stage)) return false;
+  if (!layers.empty() && !layers.contains(key.layer)) return false;
+  if (!positions.empty() && !positions.contains(key.position)) return false;
+  if (!paths.empty() && std::none_of(paths.begin(), paths.end(), [&](const std::string& p) { return under(path, p); }))
+    return false;
+  return std::none_of(excluded.begin(), excluded.end(), [&](const std::string& p) { return under(path, p); });
+}
+
+std::string DiffSelection::describe() const {
+  std::vector<std::string> parts;
+  if (!stages.empty()) {
+    std::vector<std::string> names;
+    for (Stage s : stages) names.emplace_back(info(s).name);
+    parts.push_back("stage " + fmt::format("{}", fmt::join(names, ", ")));
+  }
+  const auto numbers = [](const std::set<int>& v) { return fmt::format("{}", fmt::join(v, ", ")); };
+  if (!layers.empty()) parts.push_back("layer " + numbers(layers));
+  if (!positions.empty()) parts.push_back("position " + numbers(positions));
+  if (!paths.empty()) parts.push_back(fmt::format("{}", fmt::join(paths, ", ")));
+  if (!excluded.empty()) parts.push_back(fmt::format("excluding {}", fmt::join(excluded, ", ")));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
 DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criterion& criterion,
                        const DiffOptions& options) {
   check_same_model(a, b);
@@ -376,6 +415,16 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
     d.status = DatasetStatus::MissingInB;
     d.missing_path = e.path;
     result.datasets.push_back(std::move(d));
+  }
+  if (!options.selection.empty()) {
+    const auto kept = std::remove_if(result.datasets.begin(), result.datasets.end(),
+                                     [&](const DatasetDiff& d) { return !options.selection.selects(d.path, d.key); });
+    result.not_selected = size_t(result.datasets.end() - kept);
+    result.datasets.erase(kept, result.datasets.end());
+    result.selection = options.selection.describe();
+    if (result.datasets.empty())
+      fail("{} and {}: the selection ({}) matches none of the traces' datasets", a.path(), b.path(),
+           result.selection);
   }
   std::sort(result.datasets.begin(), result.datasets.end(),
             [](const DatasetDiff& x, const DatasetDiff& y) {

@@ -26,6 +26,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -173,13 +174,34 @@ struct DiffResult {
   // Where the accumulated error first exceeds the criterion (drift), whatever decides.
   std::optional<std::string> first_drift_path;
   size_t drift_decisions = 0;  // decision flips explained by the values (not failures)
+  // What DiffOptions::selection left out: its description and how many datasets it skipped.
+  std::string selection;  // empty: everything was compared
+  size_t not_selected = 0;
 
   bool diverged() const { return first_divergence.has_value(); }
   size_t failed_datasets() const;
 };
 
+// Which datasets to compare, as parity-diff's --stage/--layer/--position, object paths and
+// --exclude give them (h5diff's objects and --exclude-path). A dataset is compared when it
+// matches every non-empty set and at least one path when paths are given, and no exclude path.
+// A path selects the object and everything under it ("/pos_3", "/pos_3/layer_1",
+// "/pos_3/layer_1/qkv"); a trailing "/" is ignored. The first divergence is the first among
+// the selected datasets.
+struct DiffSelection {
+  std::set<Stage> stages;
+  std::set<int> layers;  // kModelLayer (-1) selects the model-scope stages
+  std::set<int> positions;
+  std::vector<std::string> paths, excluded;
+
+  bool empty() const;
+  bool selects(const std::string& path, const StageKey& key) const;
+  std::string describe() const;  // "stage qkv, o_proj; layer 1; excluding /pos_0"
+};
+
 struct DiffOptions {
   size_t max_listed = 10;  // mismatching elements kept per dataset for the text report
+  DiffSelection selection;
 };
 
 // Throws parity::Error naming both files when the traces are of different models (config or

@@ -548,6 +548,8 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
   }
   out += fmt::format("summary: {} datasets compared, {} differ", r.datasets.size(),
                      r.failed_datasets());
+  if (!r.selection.empty())
+    out += fmt::format(" (selected: {}; {} other datasets not compared)", r.selection, r.not_selected);
   if (r.drift_decisions > 0)
     out += fmt::format(", {} decision flip(s) within the bound (drift)", r.drift_decisions);
   out += "\n";
@@ -661,6 +663,7 @@ json report_json(const DiffResult& r) {
   json summary = {{"datasets", r.datasets.size()},
                   {"failed", r.failed_datasets()},
                   {"drift_decisions", r.drift_decisions}};
+  if (!r.selection.empty()) summary["selection"] = {{"what", r.selection}, {"not_compared", r.not_selected}};
   if (const DatasetDiff* w = worst_dataset(r))
     summary["largest_share"] = {{"path", w->path}, {"share", json_number(w->judged_side()->values.share)}};
   return {{"verdict", r.diverged() ? "diverged" : "pass"},

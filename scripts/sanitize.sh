@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (GCC, Debian's
+# libasan/libubsan; LeakSanitizer comes with ASan): builds the CPU side into build-asan/ with
+# -DPARITY_SANITIZE=address,undefined and runs every ctest test there. The tests run the tools
+# through the shell from build-asan/bin, so the tools are the sanitized ones too.
+# Fails on a failing test or on any sanitizer report, and prints every report.
+# Usage: scripts/sanitize.sh [extra cmake -D options]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+build="$root/build-asan"
+
+# The packages scripts/setup.sh installs (g++ brings libasan8 and libubsan1), read from its
+# list, the one place they are kept: this script may run first on a fresh machine, and must
+# not build build/ to get them.
+packages=()
+eval "$(sed -n '/^packages=(/,/)/p' scripts/setup.sh)"
+[ ${#packages[@]} -gt 0 ] || { echo "sanitize: no package list found in scripts/setup.sh"; exit 2; }
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Every sanitizer report of every process (the test binary, the tools it runs, and the test
+# listing that gtest_discover_tests runs at build time) goes to a file of its own here, named
+# after the executable and the pid: a tool's report must not land in the output a test parses,
+# and a report in a process whose exit status a test does not check must still fail the run.
+reports="$build/sanitizer-reports"
+rm -rf "$reports"
+mkdir -p "$reports"
+# exitcode 23: a sanitized process that reports exits with a status no tool uses (0/1/2), so a
+# test expecting "1 = differences" cannot pass on a crash.
+common="halt_on_error=1:exitcode=23:log_path=$reports/report:log_exe_name=1"
+export ASAN_OPTIONS="$common:detect_leaks=1:check_initialization_order=1:strict_init_order=1"
+export UBSAN_OPTIONS="$common:print_stacktrace=1:report_error_type=1"
+# scripts/lsan.supp: libhdf5's own allocations that it never frees on its error paths; each
+# entry says which. print_suppressions=0 keeps LSan's summary out of the tools' output.
+export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
+
+# Tests excluded from this run (ctest -E regex), each with the report that excludes it. Empty:
+# the whole suite runs.
+exclude=""
+
+# RelWithDebInfo: optimised like the suite's Release build (so timing-bound tests behave), with
+# the line tables a report needs. No PARITY_WERROR: the sanitizer passes make GCC warn where it
+# otherwise would not (false -Wmaybe-uninitialized); scripts/test.sh holds the warning gate.
+start=$SECONDS
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPU=off \
+  -DPARITY_SANITIZE=address,undefined "$@"
+cmake --build "$build" -j"$(nproc)"
+echo "sanitize: build took $((SECONDS - start)) s"
+
+start=$SECONDS
+set +e
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)" ${exclude:+-E "$exclude"} 2>&1 |
+  tee "$build/ctest.log"
+rc=${PIPESTATUS[0]}
+set -e
+echo "sanitize: the suite took $((SECONDS - start)) s"
+
+shopt -s nullglob
+found=("$reports"/report.*)
+if [ ${#found[@]} -gt 0 ]; then
+  for f in "${found[@]}"; do
+    echo "==== sanitizer report: $f"
+    head -n 200 "$f"
+  done
+  echo "sanitize: FAILED: ${#found[@]} sanitizer report(s) under $reports"
+  exit 1
+fi
+if [ "$rc" -ne 0 ]; then
+  echo "sanitize: FAILED: the sanitized suite has failing tests (no sanitizer report was written)"
+  exit "$rc"
+fi
+echo "sanitize: the whole suite passed under ASan+UBSan+LSan, no reports"
