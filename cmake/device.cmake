@@ -30,6 +30,8 @@ if(NOT PARITY_DEVICE_BACKEND STREQUAL "off" AND NOT EXISTS ${CMAKE_SOURCE_DIR}/d
 endif()
 set(PARITY_DEVICE_BACKEND_CHOSEN "${PARITY_DEVICE_BACKEND}" CACHE INTERNAL "device backend of this build")
 message(STATUS "gpt-oss-parity device backend: ${PARITY_DEVICE_BACKEND}")
-if(NOT PARITY_DEVICE_BACKEND STREQUAL "off")
+# Always: the device runtime's host library (parity_device_host) builds without a GPU toolkit;
+# device/CMakeLists.txt adds the kernels and the backend (parity_device) when one is chosen.
+if(EXISTS ${CMAKE_SOURCE_DIR}/device/CMakeLists.txt)
   add_subdirectory(device)
 endif()

@@ -7,6 +7,9 @@
 //   output:   O_h = sum_j P[h][j] v_{h/g, j} (no value vector for the sink).
 // The KV-cache append (the `scores` stage writes this step's k_rope and v rows first) is its
 // own kernel. GQA: query head h reads KV head h / g with g = nH / nKV (integer division).
+// The cache is paged (KvCacheView): key j of a row lives in block table[j / block_size] of its
+// sequence. Only addresses go through the table; every sum runs in the same order as over a
+// contiguous cache, so the results do not depend on the block size or the blocks' placement.
 #include <algorithm>
 
 #include "device/device_math.h"
@@ -21,14 +24,20 @@ __device__ __forceinline__ int first_visible_key(int pos, int window) {
   return window > 0 ? max(0, pos - window + 1) : 0;
 }
 
+// The block table of row r's sequence for the layer's group.
+__device__ __forceinline__ const int32_t* row_table(const KvCacheView& kv, const AttentionShape& a,
+                                                    const StepRow& row) {
+  return kv.block_tables + row.kv_table[a.kv_group];
+}
+
 __global__ void __launch_bounds__(kThreads)
-    f32_kv_cache_append(AttentionShape a, const StepRow* __restrict__ rows,
+    f32_kv_cache_append(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
                         const float* __restrict__ k, const float* __restrict__ v) {
   const int r = int(blockIdx.x);
   const int kv_dim = a.n_kv * a.head_dim;
-  const int64_t at = (int64_t(a.layer) * a.max_context + rows[r].pos) * kv_dim;
-  float* kc = rows[r].k_cache + at;
-  float* vc = rows[r].v_cache + at;
+  const int32_t* table = row_table(kv, a, rows[r]);
+  float* kc = kv.blocks + kv_row_offset(kv, table, a.kv_slot, 0, rows[r].pos, kv_dim);
+  float* vc = kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, rows[r].pos, kv_dim);
   for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x)) {
     kc[t] = k[int64_t(r) * kv_dim + t];
     vc[t] = v[int64_t(r) * kv_dim + t];
@@ -38,9 +47,9 @@ __global__ void __launch_bounds__(kThreads)
 // grid (key tiles, nKV, B). The block holds the g query heads of one KV head and a tile of keys
 // in shared memory; thread item (hh, jj) computes one score with a sequential fmaf dot.
 __global__ void __launch_bounds__(kThreads)
-    f32_attention_scores_gqa_sink(AttentionShape a, const StepRow* __restrict__ rows,
-                                  const float* __restrict__ q, const float* __restrict__ sinks,
-                                  float* __restrict__ scores) {
+    f32_attention_scores_gqa_sink(AttentionShape a, KvCacheView kv,
+                                  const StepRow* __restrict__ rows, const float* __restrict__ q,
+                                  const float* __restrict__ sinks, float* __restrict__ scores) {
   extern __shared__ float smem[];
   const int r = int(blockIdx.z), kvh = int(blockIdx.y), j0 = int(blockIdx.x) * kScoreTile;
   const int pos = rows[r].pos, cols = pos + 2;
@@ -65,10 +74,12 @@ __global__ void __launch_bounds__(kThreads)
   const float* qr = q + (int64_t(r) * a.n_heads + int64_t(kvh) * g) * d;
   for (int t = int(threadIdx.x); t < g * d; t += int(blockDim.x)) q_s[t] = qr[t];
   const int kv_dim = a.n_kv * d;
-  const float* kc = rows[r].k_cache + int64_t(a.layer) * a.max_context * kv_dim + int64_t(kvh) * d;
+  const int32_t* table = row_table(kv, a, rows[r]);
+  const float* kc = kv.blocks + int64_t(kvh) * d;
   for (int t = int(threadIdx.x); t < kScoreTile * d; t += int(blockDim.x)) {
     const int jj = t / d, i = t % d, j = j0 + jj;
-    k_s[jj * (d + 1) + i] = j < j_end && j >= first ? kc[int64_t(j) * kv_dim + i] : 0.0f;
+    k_s[jj * (d + 1) + i] =
+        j < j_end && j >= first ? kc[kv_row_offset(kv, table, a.kv_slot, 0, j, kv_dim) + i] : 0.0f;
   }
   __syncthreads();
   for (int t = int(threadIdx.x); t < items; t += int(blockDim.x)) {
@@ -110,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
 // of its split in order. A row with one split writes out directly; otherwise partial sums go
 // to the workspace [B][max_splits][nH][d] and f32_attention_pv_combine adds them in order.
 __global__ void __launch_bounds__(1024)
-    f32_attention_pv_gqa(AttentionShape a, int split_keys, int max_splits,
+    f32_attention_pv_gqa(AttentionShape a, KvCacheView kv, int split_keys, int max_splits,
                          const StepRow* __restrict__ rows, const float* __restrict__ probs,
                          float* __restrict__ workspace, float* __restrict__ out) {
   const int r = int(blockIdx.z), kvh = int(blockIdx.y), s = int(blockIdx.x);
@@ -124,12 +135,16 @@ __global__ void __launch_bounds__(1024)
   const int j_end = min((s + 1) * split_keys, pos + 1);
   const float* prow = probs + rows[r].scores_offset + int64_t(h) * cols;
   const int kv_dim = a.n_kv * d;
-  const float* vc =
-      rows[r].v_cache + int64_t(a.layer) * a.max_context * kv_dim + int64_t(kvh) * d + i;
+  const int32_t* table = row_table(kv, a, rows[r]);
   float acc = 0.0f;
-  for (int j = j_begin; j < j_end; ++j) {
-    const float p = prow[j];
-    if (p != 0.0f) acc = fmaf(p, vc[int64_t(j) * kv_dim], acc);  // zero probabilities add nothing
+  for (int j = j_begin; j < j_end;) {  // keys in order, one block at a time
+    const int block_end = min(j_end, ((j >> kv.block_shift) + 1) << kv.block_shift);
+    const float* vc =
+        kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j, kv_dim) + int64_t(kvh) * d + i;
+    for (; j < block_end; ++j, vc += kv_dim) {
+      const float p = prow[j];
+      if (p != 0.0f) acc = fmaf(p, *vc, acc);  // zero probabilities add nothing
+    }
   }
   if (splits == 1)
     out[(int64_t(r) * a.n_heads + h) * d + i] = acc;
@@ -157,37 +172,37 @@ void check_shape(const AttentionShape& a, const char* launcher) {
   PARITY_DEVICE_REQUIRE(a.n_heads > 0 && a.n_kv > 0 && a.n_heads % a.n_kv == 0, launcher,
                         ": heads ", a.n_heads, " must be a positive multiple of kv heads ", a.n_kv);
   PARITY_DEVICE_REQUIRE(a.head_dim > 0, launcher, ": head_dim ", a.head_dim, " must be positive");
-  PARITY_DEVICE_REQUIRE(a.window >= 0 && a.max_context > 0 && a.layer >= 0, launcher, ": window ",
-                        a.window, ", max_context ", a.max_context, ", layer ", a.layer);
+  PARITY_DEVICE_REQUIRE(a.window >= 0 && a.max_context > 0, launcher, ": window ", a.window,
+                        ", max_context ", a.max_context);
+  PARITY_DEVICE_REQUIRE(a.kv_group >= 0 && a.kv_group < kKvGroups && a.kv_slot >= 0, launcher,
+                        ": KV group ", a.kv_group, ", slot ", a.kv_slot);
+}
+
+void check_kv(const AttentionShape& a, const KvCacheView& kv, const char* launcher) {
+  PARITY_DEVICE_REQUIRE(kv.blocks != nullptr && kv.block_tables != nullptr, launcher,
+                        ": KV cache view without blocks or block tables");
+  PARITY_DEVICE_REQUIRE(kv.block_shift >= 0 && kv.block_shift <= 20 && a.kv_slot < kv.slots,
+                        launcher, ": block shift ", kv.block_shift, ", slot ", a.kv_slot, " of ",
+                        kv.slots);
 }
 
 }  // namespace
 
-int attention_split_keys(int max_context) {
-  // At most 64 splits per row whatever the context (bounded workspace), at least 256 keys each.
-  const int per = ceil_div(std::max(max_context, 1), 64);
-  return std::max(256, ceil_div(per, 32) * 32);
-}
-
-size_t attention_workspace_floats(const AttentionShape& a, int batch) {
-  const int split = attention_split_keys(a.max_context);
-  return size_t(batch) * size_t(ceil_div(a.max_context, split)) * size_t(a.n_heads) *
-         size_t(a.head_dim);
-}
-
-void launch_f32_kv_cache_append(const AttentionShape& a, const StepRow* rows, int batch,
-                                const float* k, const float* v, hipStream_t stream) {
+void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
+                                int batch, const float* k, const float* v, hipStream_t stream) {
   check_shape(a, "launch_f32_kv_cache_append");
+  check_kv(a, kv, "launch_f32_kv_cache_append");
   PARITY_DEVICE_REQUIRE(rows != nullptr && k != nullptr && v != nullptr && batch > 0,
                         "launch_f32_kv_cache_append: null pointer or empty batch");
-  f32_kv_cache_append<<<batch, kThreads, 0, stream>>>(a, rows, k, v);
+  f32_kv_cache_append<<<batch, kThreads, 0, stream>>>(a, kv, rows, k, v);
   HIP_LAUNCH_CHECK("f32_kv_cache_append", stream);
 }
 
-void launch_f32_attention_scores(const AttentionShape& a, const StepRow* rows, int batch,
-                                 int max_pos, const float* q, const float* sinks, float* scores,
-                                 hipStream_t stream) {
+void launch_f32_attention_scores(const AttentionShape& a, const KvCacheView& kv,
+                                 const StepRow* rows, int batch, int max_pos, const float* q,
+                                 const float* sinks, float* scores, hipStream_t stream) {
   check_shape(a, "launch_f32_attention_scores");
+  check_kv(a, kv, "launch_f32_attention_scores");
   PARITY_DEVICE_REQUIRE(
       rows != nullptr && q != nullptr && sinks != nullptr && scores != nullptr && batch > 0,
       "launch_f32_attention_scores: null pointer or empty batch");
@@ -200,7 +215,7 @@ void launch_f32_attention_scores(const AttentionShape& a, const StepRow* rows, i
                         " heads per KV head of dimension ", a.head_dim, " need ", smem,
                         " bytes of shared memory (limit 48 KiB)");
   const dim3 grid(unsigned(ceil_div(max_pos + 1, kScoreTile)), unsigned(a.n_kv), unsigned(batch));
-  f32_attention_scores_gqa_sink<<<grid, kThreads, smem, stream>>>(a, rows, q, sinks, scores);
+  f32_attention_scores_gqa_sink<<<grid, kThreads, smem, stream>>>(a, kv, rows, q, sinks, scores);
   HIP_LAUNCH_CHECK("f32_attention_scores_gqa_sink", stream);
 }
 
@@ -214,9 +229,11 @@ void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, c
   HIP_LAUNCH_CHECK("f32_softmax_with_sink", stream);
 }
 
-void launch_f32_attention_pv(const AttentionShape& a, const StepRow* rows, int batch, int max_pos,
-                             const float* probs, float* workspace, float* out, hipStream_t stream) {
+void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
+                             int batch, int max_pos, const float* probs, float* workspace,
+                             float* out, hipStream_t stream) {
   check_shape(a, "launch_f32_attention_pv");
+  check_kv(a, kv, "launch_f32_attention_pv");
   PARITY_DEVICE_REQUIRE(rows != nullptr && probs != nullptr && out != nullptr && batch > 0,
                         "launch_f32_attention_pv: null pointer or empty batch");
   PARITY_DEVICE_REQUIRE(max_pos >= 0 && max_pos < a.max_context,
@@ -235,8 +252,8 @@ void launch_f32_attention_pv(const AttentionShape& a, const StepRow* rows, int b
                         "launch_f32_attention_pv: positions past ", split,
                         " keys need the split workspace");
   const dim3 grid(unsigned(splits), unsigned(a.n_kv), unsigned(batch));
-  f32_attention_pv_gqa<<<grid, threads, 0, stream>>>(a, split, max_splits, rows, probs, workspace,
-                                                     out);
+  f32_attention_pv_gqa<<<grid, threads, 0, stream>>>(a, kv, split, max_splits, rows, probs,
+                                                     workspace, out);
   HIP_LAUNCH_CHECK("f32_attention_pv_gqa", stream);
   if (splits > 1) {
     f32_attention_pv_combine<<<batch, kThreads, 0, stream>>>(a, split, max_splits, rows, workspace,

@@ -13,7 +13,7 @@
 // It must not pull in fmt (model/error.h): nvcc 13 cannot compile fmt 9's headers.
 #pragma once
 
-#include <cstdlib>
+#include <atomic>
 #include <sstream>
 #include <string>
 
@@ -61,6 +61,7 @@ inline hipError_t device_name_and_arch(int device, std::string& name, std::strin
 #define hipEvent_t cudaEvent_t
 #define hipStreamNonBlocking cudaStreamNonBlocking
 #define hipEventDisableTiming cudaEventDisableTiming
+#define hipEventDefault cudaEventDefault
 #define hipMemcpyHostToDevice cudaMemcpyHostToDevice
 #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
@@ -143,6 +144,11 @@ __device__ __forceinline__ T hip_compat_shfl_xor(T var, int lane_mask, int width
 
 #endif  // vendor
 
+// Helpers of the plain kernel types (device/kernel_types.h) compile for host and device. A host
+// translation unit may have included that header first, with the empty host-only definition.
+#undef PARITY_HOST_DEVICE
+#define PARITY_HOST_DEVICE __host__ __device__
+
 namespace parity::device {
 
 // Warp size of the compiled device code: a compile-time value inside kernels (64 on CDNA, 32 on
@@ -153,8 +159,8 @@ inline constexpr int kWarpSize = PARITY_WARP_SIZE;
 inline std::string error_text(hipError_t err) {
   std::string s = std::string(hipGetErrorName(err)) + " (" + hipGetErrorString(err) + ")";
   if (err == hipErrorOutOfMemory)
-    s += "; HINT: the model, KV cache or batch does not fit: lower PARITY_DEVICE_MAX_CONTEXT or "
-         "the rows per step";
+    s += "; HINT: the model, KV cache or batch does not fit: lower the KV cache budget "
+         "(PARITY_DEVICE_KV_BYTES), the context (PARITY_DEVICE_MAX_CONTEXT) or the rows per step";
   else if (err == hipErrorNoDevice || err == hipErrorInsufficientDriver)
     s += "; HINT: no usable GPU: check the driver (nvidia-smi / rocm-smi) and the visible devices";
   else if (err == hipErrorIllegalAddress)
@@ -163,14 +169,15 @@ inline std::string error_text(hipError_t err) {
   return s;
 }
 
-// Whether every launch is followed by a stream synchronization (PARITY_DEVICE_SYNC=1), so that
-// an asynchronous fault is reported at the kernel that caused it.
+// Whether every launch is followed by a stream synchronization, so that an asynchronous fault is
+// reported at the kernel that caused it: a process-wide debug switch, turned on by the runtime
+// when DeviceOptions::sync_after_launch asks for it (PARITY_DEVICE_SYNC=1 for the tools).
+inline std::atomic<bool> sync_after_launch_on{false};
 inline bool sync_after_launch() {
-  static const bool on = [] {
-    const char* v = std::getenv("PARITY_DEVICE_SYNC");
-    return v != nullptr && *v != 0 && std::string(v) != "0";
-  }();
-  return on;
+  return sync_after_launch_on.load(std::memory_order_relaxed);
+}
+inline void enable_sync_after_launch() {
+  sync_after_launch_on.store(true, std::memory_order_relaxed);
 }
 
 // The handler behind every device check: `statement` failed in `function` at `file:line`;

@@ -16,29 +16,13 @@
 #include <string_view>
 
 #include "device/hip_compat.h"
+// After hip_compat.h: the types' host/device helpers compile for the device too.
+#include "device/kernel_types.h"
 
 namespace parity::device {
 
-// Element type of a matrix kept on the device in its checkpoint dtype.
-enum class WeightType : int { bf16, f16, f32 };
 std::string_view weight_type_name(WeightType t);
 size_t weight_type_size(WeightType t);
-
-// A row-major matrix [rows, cols] in device memory.
-struct Matrix {
-  WeightType type = WeightType::bf16;
-  const void* data = nullptr;
-  int rows = 0, cols = 0;
-};
-
-// One row of the current step, as the kernels read it (uploaded once per step).
-struct StepRow {
-  int32_t token = 0;
-  int32_t pos = 0;            // absolute position
-  int64_t scores_offset = 0;  // element offset of the row's [nH, pos+2] block in scores/att
-  float* k_cache = nullptr;   // the row's sequence: [layers][max_context][nKV d] rotated keys
-  float* v_cache = nullptr;   // [layers][max_context][nKV d] values
-};
 
 // Warp (wavefront) size of the current device, from the runtime; cached per device.
 int device_warp_size();
@@ -80,26 +64,21 @@ void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int b
                                     float concentration, float* q, float* k, float* v,
                                     hipStream_t stream);
 
-// Shape of one attention layer.
-struct AttentionShape {
-  int n_heads = 0, n_kv = 0, head_dim = 0;
-  int window = 0;       // sliding window (keys pos - window < j <= pos), 0 = full causal
-  int max_context = 0;  // positions per layer in the KV cache
-  int layer = 0;
-  float scale = 0;  // 1 / sqrt(head_dim)
-};
+// The KV cache is paged (KvCacheView, device/kernel_types.h): each row reads and writes its
+// sequence's keys and values through its block table, K(j) at kv_row_offset(kv, table, slot, 0,
+// j, nKV d), V(j) at (..., 1, ...). The arithmetic does not depend on where the blocks lie.
 
-// KV-cache append: cache_k[layer][pos_r] = k[r], cache_v[layer][pos_r] = v[r] (nKV d each).
-void launch_f32_kv_cache_append(const AttentionShape& a, const StepRow* rows, int batch,
-                                const float* k, const float* v, hipStream_t stream);
+// KV-cache append: K(pos_r) = k[r], V(pos_r) = v[r] (nKV d each) in the layer's slot.
+void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
+                                int batch, const float* k, const float* v, hipStream_t stream);
 
 // scores (per row, packed at scores_offset): S[h][j] = (q_h . k_{h / g, j}) * scale for visible
 // j (j <= pos; sliding: pos - j < window), -inf for masked j <= pos, S[h][pos + 1] = sinks[h]
 // (raw). GQA: query head h reads KV head h / g, g = nH / nKV. Split over the key axis in tiles.
 // `max_pos` is the largest position of the batch (grid size; a host value).
-void launch_f32_attention_scores(const AttentionShape& a, const StepRow* rows, int batch,
-                                 int max_pos, const float* q, const float* sinks, float* scores,
-                                 hipStream_t stream);
+void launch_f32_attention_scores(const AttentionShape& a, const KvCacheView& kv,
+                                 const StepRow* rows, int batch, int max_pos, const float* q,
+                                 const float* sinks, float* scores, hipStream_t stream);
 
 // softmax with the sink column: P[h][:] = softmax(S[h][0 .. pos + 1]) per row and head;
 // m = max, p = exp(s - m) / sum(exp(s - m)); masked (-inf) entries give exactly 0.
@@ -108,28 +87,17 @@ void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, c
 
 // attention output: O[h] (d,) = sum over visible j of P[h][j] v_{h / g, j} (sink column unused;
 // zero probabilities skipped as in reference/attention.cpp). Split over the key axis in chunks
-// of `split_keys`; partial sums (workspace) are combined in chunk order. out (B, nH d).
-int attention_split_keys(int max_context);  // chunk length for a cache of max_context
-size_t attention_workspace_floats(const AttentionShape& a, int batch);
-void launch_f32_attention_pv(const AttentionShape& a, const StepRow* rows, int batch, int max_pos,
-                             const float* probs, float* workspace, float* out, hipStream_t stream);
+// of attention_split_keys(max_context) (device/kernel_types.h); partial sums (workspace,
+// attention_workspace_floats) are combined in chunk order. out (B, nH d).
+void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
+                             int batch, int max_pos, const float* probs, float* workspace,
+                             float* out, hipStream_t stream);
 
 // router: top-k of the logits g (B, E) (descending; ties: lowest expert index), then
 // w = softmax(g[idx]) over the k selected only. With select = false, idx is read (it was
 // overwritten) and only w is recomputed.
 void launch_f32_router_topk_softmax(const float* logits, int batch, int n_experts, int k,
                                     bool select, int32_t* idx, float* w, hipStream_t stream);
-
-// Expert weights of one layer projection: W[e] is [out, in] mathematically.
-struct ExpertWeights {
-  bool mxfp4 = true;
-  const uint8_t* blocks = nullptr;  // mxfp4: [E, out, in / 32, 16]
-  const uint8_t* scales = nullptr;  // mxfp4: [E, out, in / 32] (E8M0)
-  WeightType dense_type = WeightType::bf16;
-  const void* dense = nullptr;  // dense: [E, in, out] (input-major, transformers layout)
-  const float* bias = nullptr;  // [E, out]
-  int experts = 0, out = 0, in = 0;
-};
 
 // expert GEMV for every (row, slot): y[r][s] (out,) = W[e] x + b[e], e = idx[r][s] read from
 // device memory. x row of slot s of row r is x + r * x_row_stride + s * x_slot_stride.

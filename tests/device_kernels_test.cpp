@@ -19,7 +19,7 @@
 #include <span>
 #include <vector>
 
-#include "device/device_buffer.h"
+#include "device/runtime/device_buffer.h"
 #include "device/hip_backend.h"
 #include "device/kernels.h"
 #include "model/config.h"
@@ -584,10 +584,13 @@ TEST_F(DeviceKernels, RopeRealShapeLongPosition) {
 
 // -------------------------------------------------------------------------- attention ---
 
-// Rows at positions pos .. pos + rows - 1 of `seqs` sequences, each with its own cache in
-// layer `layer` of a two-layer cache. Earlier positions are uploaded as a previous step would
-// have left them; this step's k/v go through the append kernel. Keys outside the window and
-// positions not yet written are NaN in the caches: reading one would show.
+// Rows at positions pos .. pos + rows - 1 of `seqs` sequences, each with its own blocks of a
+// paged cache (block size `block`, two layer slots, the case's layer in slot 1), the blocks of
+// all sequences shuffled through the pool. Earlier positions are uploaded as a previous step
+// would have left them; this step's k/v go through the append kernel. Keys outside the window
+// and positions not yet written are NaN in the pool, blocks that slid out of the window have no
+// block (-1) in the table, and the other layer group's table points at a block of NaN: reading
+// any of them would show.
 class AttentionCase {
  public:
   AttentionCase& heads(int h) {
@@ -618,22 +621,33 @@ class AttentionCase {
     seqs_ = s;
     return *this;
   }
-  std::string describe() const {
-    return fmt::format("attention heads={} kv={} d={} window={} positions {}..{} sequences={}",
-                       heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_);
+  AttentionCase& block(int b) {
+    block_ = b;
+    return *this;
   }
-  void run() const {
+  std::string describe() const {
+    return fmt::format(
+        "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={}", heads_,
+        kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_);
+  }
+  struct Result {
+    std::vector<float> scores, probs, out;
+  };
+  Result run() const {
     SCOPED_TRACE(describe());
     std::mt19937_64 rng(17 + uint64_t(pos_) * 3 + uint64_t(window_));
-    const int P = pos_ + rows_, kvd = kv_ * d_, layers = 2, layer = 1;
+    const int P = pos_ + rows_, kvd = kv_ * d_, slots = 2, slot = 1;
     const int max_ctx = P + 3;
+    int shift = 0;
+    while ((1 << shift) < block_) ++shift;
     AttentionShape a;
     a.n_heads = heads_;
     a.n_kv = kv_;
     a.head_dim = d_;
     a.window = window_;
     a.max_context = max_ctx;
-    a.layer = layer;
+    a.kv_group = window_ > 0 ? kKvSlidingGroup : kKvFullGroup;
+    a.kv_slot = slot;
     a.scale = float(1.0 / std::sqrt(double(d_)));
     const int B = rows_ * seqs_;
     std::vector<StepRow> rows(static_cast<size_t>(B));
@@ -649,22 +663,36 @@ class AttentionCase {
     const std::vector<float> sinks = random_floats(rng, size_t(heads_), -2, 2);
     const std::vector<float> q = random_floats(rng, size_t(B) * heads_ * d_, -1, 1);
     std::vector<std::vector<float>> k_all, v_all;  // per sequence [P][kvd]
-    std::vector<DeviceBuffer> caches;
+    // Block tables: each sequence's, then one for the other group, all of one NaN block.
+    const int per_seq = (P + block_ - 1) / block_;
+    const int first_needed = window_ > 0 ? std::max(0, pos_ - window_ + 1) : 0;
+    const int lo = first_needed / block_;  // blocks below slid out of the window
+    const int n_blocks = seqs_ * per_seq + 1, nan_block = n_blocks - 1;
+    std::vector<int32_t> physical(size_t(seqs_) * per_seq);
+    for (size_t i = 0; i < physical.size(); ++i) physical[i] = int32_t(i);
+    std::mt19937_64 placement(5 + uint64_t(block_));  // apart: the values must not depend on it
+    std::shuffle(physical.begin(), physical.end(), placement);
+    std::vector<int32_t> tables;
+    for (int s = 0; s < seqs_; ++s)
+      for (int b = 0; b < per_seq; ++b)
+        tables.push_back(b < lo ? -1 : physical[size_t(s * per_seq + b)]);
+    const int32_t nan_table = int32_t(tables.size());
+    tables.insert(tables.end(), size_t(per_seq), nan_block);
+    KvCacheView host_kv{nullptr, tables.data(), shift, slots};
+    std::vector<float> pool(size_t(n_blocks) * slots * 2 * block_ * kvd, kNaN);
     std::vector<float> k_new, v_new;
     for (int s = 0; s < seqs_; ++s) {
       k_all.push_back(random_floats(rng, size_t(P) * kvd, -1, 1));
       v_all.push_back(random_floats(rng, size_t(P) * kvd, -2, 2));
-      // Host image of the two caches: NaN everywhere but the positions before pos_ that the
-      // rows can see; this step's positions come from the append kernel.
-      std::vector<float> kc(size_t(layers) * max_ctx * kvd, kNaN), vc = kc;
-      const int first_needed = window_ > 0 ? std::max(0, pos_ - window_ + 1) : 0;
+      // The positions before pos_ that the rows can see; this step's come from the append kernel.
+      const int32_t* table = tables.data() + s * per_seq;
       for (int j = first_needed; j < pos_; ++j)
         for (int i = 0; i < kvd; ++i) {
-          kc[(size_t(layer) * max_ctx + j) * kvd + i] = k_all.back()[size_t(j) * kvd + i];
-          vc[(size_t(layer) * max_ctx + j) * kvd + i] = v_all.back()[size_t(j) * kvd + i];
+          pool[size_t(kv_row_offset(host_kv, table, slot, 0, j, kvd) + i)] =
+              k_all.back()[size_t(j) * kvd + i];
+          pool[size_t(kv_row_offset(host_kv, table, slot, 1, j, kvd) + i)] =
+              v_all.back()[size_t(j) * kvd + i];
         }
-      kc.insert(kc.end(), vc.begin(), vc.end());
-      caches.push_back(upload(kc));
       for (int r = 0; r < rows_; ++r) {
         const size_t j = size_t(pos_ + r);
         k_new.insert(k_new.end(), k_all.back().begin() + long(j * kvd),
@@ -673,23 +701,25 @@ class AttentionCase {
                      v_all.back().begin() + long((j + 1) * kvd));
         StepRow& row = rows[size_t(s * rows_ + r)];
         row.pos = pos_ + r;
+        row.seq = s;
         row.scores_offset = offsets[size_t(s * rows_ + r)];
-        row.k_cache = caches.back().as<float>();
-        row.v_cache = caches.back().as<float>() + size_t(layers) * max_ctx * kvd;
+        row.kv_table[a.kv_group] = s * per_seq;
+        row.kv_table[1 - a.kv_group] = nan_table;
       }
     }
     DeviceBuffer drows = upload(rows), dq = upload(q), dsinks = upload(sinks), dk = upload(k_new),
-                 dv = upload(v_new);
+                 dv = upload(v_new), dpool = upload(pool), dtables = upload(tables);
+    const KvCacheView kv{dpool.as<float>(), dtables.as<int32_t>(), shift, slots};
     DeviceBuffer ws(std::max<size_t>(1, attention_workspace_floats(a, B)) * sizeof(float));
     Output scores(static_cast<size_t>(total)), probs(static_cast<size_t>(total)),
         out(size_t(B) * heads_ * d_);
     const int max_pos = P - 1;
     const StepRow* dr = drows.as<StepRow>();
-    launch_f32_kv_cache_append(a, dr, B, dk.as<float>(), dv.as<float>(), nullptr);
-    launch_f32_attention_scores(a, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(), scores.ptr(),
-                                nullptr);
+    launch_f32_kv_cache_append(a, kv, dr, B, dk.as<float>(), dv.as<float>(), nullptr);
+    launch_f32_attention_scores(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
+                                scores.ptr(), nullptr);
     launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
-    launch_f32_attention_pv(a, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(), nullptr);
+    launch_f32_attention_pv(a, kv, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(), nullptr);
 
     std::vector<double> want_s, want_p, want_o, s_atol, p_atol, o_atol;
     const std::vector<double> sinks_d = to_double(sinks);
@@ -740,13 +770,15 @@ class AttentionCase {
         }
       }
     }
-    expect_close(scores.fetch(), want_s, {s_atol, 2 * kU, 1e-10}, "scores");
-    expect_close(probs.fetch(), want_p, {p_atol, 64 * kU, 1e-10}, "att");
-    expect_close(out.fetch(), want_o, {o_atol, 64 * kU, 1e-10}, "attn_out");
+    Result got{scores.fetch(), probs.fetch(), out.fetch()};
+    expect_close(got.scores, want_s, {s_atol, 2 * kU, 1e-10}, "scores");
+    expect_close(got.probs, want_p, {p_atol, 64 * kU, 1e-10}, "att");
+    expect_close(got.out, want_o, {o_atol, 64 * kU, 1e-10}, "attn_out");
+    return got;
   }
 
  private:
-  int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1;
+  int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
 };
 
 TEST_F(DeviceKernels, AttentionPositionZero) {
@@ -775,6 +807,23 @@ TEST_F(DeviceKernels, AttentionLongContextManyTilesAndKeySplits) {
 }
 TEST_F(DeviceKernels, AttentionTwoSequencesInOneBatch) {
   AttentionCase().window(8).pos(10).rows(3).seqs(2).run();
+}
+TEST_F(DeviceKernels, AttentionPagedBlockSizesGiveTheSameBits) {
+  // Only addresses go through the block table: one block per position, small blocks, the
+  // runtime's 32 and one block for the whole context give bitwise the same scores, att, output.
+  for (int window : {0, 8}) {
+    const auto one = AttentionCase().heads(8).kv(2).dim(32).window(window).pos(300).rows(3).seqs(2);
+    auto base = one;
+    const auto want = base.block(512).run();
+    for (int b : {1, 4, 32}) {
+      auto c = one;
+      const auto got = c.block(b).run();
+      SCOPED_TRACE(c.describe());
+      EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
+    }
+  }
 }
 
 // ----------------------------------------------------------------------------- router ---

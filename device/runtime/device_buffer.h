@@ -1,4 +1,5 @@
-// Owning handles for device and pinned host memory (move-only; freed on destruction).
+// Owning handles for device and pinned host memory (move-only; freed on destruction), in HIP
+// terms through device/hip_compat.h.
 #pragma once
 #include <cstddef>
 #include <utility>

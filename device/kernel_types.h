@@ -1,0 +1,99 @@
+// The plain types the kernels take (weights, step rows, attention shape, the paged KV cache), with
+// no vendor header: host-only code (the runtime's planning, tests on machines without the GPU
+// toolkit) includes this file alone; device/kernels.h includes it after device/hip_compat.h,
+// which makes PARITY_HOST_DEVICE mean __host__ __device__ for the kernels (device code includes
+// kernels.h first: a helper seen without it would be host-only and fail to compile there).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#ifndef PARITY_HOST_DEVICE
+#define PARITY_HOST_DEVICE
+#endif
+
+namespace parity::device {
+
+// Element type of a matrix kept on the device in its checkpoint dtype.
+enum class WeightType : int { bf16, f16, f32 };
+
+// A row-major matrix [rows, cols] in device memory.
+struct Matrix {
+  WeightType type = WeightType::bf16;
+  const void* data = nullptr;
+  int rows = 0, cols = 0;
+};
+
+// Expert weights of one layer projection: W[e] is [out, in] mathematically.
+struct ExpertWeights {
+  bool mxfp4 = true;
+  const uint8_t* blocks = nullptr;  // mxfp4: [E, out, in / 32, 16]
+  const uint8_t* scales = nullptr;  // mxfp4: [E, out, in / 32] (E8M0)
+  WeightType dense_type = WeightType::bf16;
+  const void* dense = nullptr;  // dense: [E, in, out] (input-major, transformers layout)
+  const float* bias = nullptr;  // [E, out]
+  int experts = 0, out = 0, in = 0;
+};
+
+// KV-cache layer groups: the full-attention layers and the sliding-window layers page their
+// blocks apart (a sliding layer keeps only its window's blocks).
+inline constexpr int kKvGroups = 2;
+inline constexpr int kKvFullGroup = 0;
+inline constexpr int kKvSlidingGroup = 1;
+
+// One row of the current step, as the kernels read it (built on the host, uploaded once per
+// step: device/runtime/step.h).
+struct StepRow {
+  int32_t token = 0;
+  int32_t pos = 0;  // absolute position
+  int32_t seq = 0;  // sequence id
+  // Offset of the row's sequence's block table of each KV group in KvCacheView::block_tables.
+  int32_t kv_table[kKvGroups] = {0, 0};
+  int64_t scores_offset = 0;  // element offset of the row's [nH, pos+2] block in scores/att
+};
+
+// The paged KV cache as the attention kernels see it. The pool is an array of blocks; a block
+// holds `block_size` consecutive positions of one sequence for every layer of one group:
+//   [block][slot (the layer's place in its group)][K, V][position in block][nKV d]  float
+// A sequence's block table (per group) maps logical block j / block_size to a physical block;
+// released or never-allocated entries are -1 and are never read (they hold no visible key).
+struct KvCacheView {
+  float* blocks = nullptr;
+  const int32_t* block_tables = nullptr;  // the step's tables (StepRow::kv_table offsets)
+  int block_shift = 0;                    // block_size = 1 << block_shift positions
+  int slots = 0;                          // layer slots per block (the largest group)
+};
+
+// Element offset in KvCacheView::blocks of position j's row (kv_dim floats) of layer slot
+// `slot`, keys (which = 0) or values (1), for a sequence whose group block table is `table`.
+PARITY_HOST_DEVICE inline int64_t kv_row_offset(const KvCacheView& kv, const int32_t* table,
+                                                int slot, int which, int j, int kv_dim) {
+  const int64_t block = table[j >> kv.block_shift];
+  const int64_t in_block = j & ((1 << kv.block_shift) - 1);
+  return ((((block * kv.slots + slot) * 2 + which) << kv.block_shift) + in_block) * kv_dim;
+}
+
+// Shape of one attention layer and its place in the KV cache.
+struct AttentionShape {
+  int n_heads = 0, n_kv = 0, head_dim = 0;
+  int window = 0;       // sliding window (keys pos - window < j <= pos), 0 = full causal
+  int max_context = 0;  // positions per sequence
+  int kv_group = 0;     // kKvFullGroup or kKvSlidingGroup
+  int kv_slot = 0;      // the layer's slot in its group's blocks
+  float scale = 0;      // 1 / sqrt(head_dim)
+};
+
+// The attention output kernel splits the key axis in chunks: at most 64 splits per row whatever
+// the context (a bounded workspace), at least 256 keys each.
+inline int attention_split_keys(int max_context) {
+  const int per = (std::max(max_context, 1) + 63) / 64;
+  return std::max(256, (per + 31) / 32 * 32);
+}
+// Floats of the split workspace for `batch` rows: [B][max splits][nH][d].
+inline size_t attention_workspace_floats(const AttentionShape& a, int batch) {
+  const int split = attention_split_keys(a.max_context);
+  return size_t(batch) * size_t((a.max_context + split - 1) / split) * size_t(a.n_heads) *
+         size_t(a.head_dim);
+}
+
+}  // namespace parity::device

@@ -1,0 +1,49 @@
+// Step-sized activation buffers: every stage's output for `rows` rows (ArenaLayout) and the
+// packed scores/att rows, in two allocations. Grown only between steps (reserve(), called when
+// a step begins) for the largest step seen, never inside one; nothing is allocated per step.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "device/hip_compat.h"
+#include "device/runtime/arena_layout.h"
+#include "device/runtime/device_buffer.h"
+
+namespace parity::device {
+
+class ActivationArena {
+ public:
+  // Sized for `rows` rows and `scores_floats` scores/att elements; a later reserve() grows it
+  // up to max_rows rows (0: no limit).
+  ActivationArena(const Config& c, int max_context, int rows, int64_t scores_floats, int max_rows);
+
+  // Makes room for a step of `rows` rows and `scores_floats` scores/att elements: at least
+  // doubles what it outgrows, after waiting for `stream` (the old buffers may be in use).
+  // Throws when rows exceeds max_rows.
+  void reserve(int rows, int64_t scores_floats, hipStream_t stream);
+
+  float* out(Stage s) const { return act_.as<float>(layout_.stage_offset[size_t(s)]); }
+  // Index stages (topk_idx, sampled) keep int32 rows in their slot.
+  int32_t* index_out(Stage s) const { return act_.as<int32_t>(layout_.stage_offset[size_t(s)]); }
+  float* workspace() const { return act_.as<float>(layout_.workspace_offset); }
+  float* scores() const { return scores_.as<float>(); }
+  float* att() const { return scores_.as<float>() + scores_capacity_; }
+
+  int rows() const { return layout_.rows; }
+  int64_t scores_capacity() const { return scores_capacity_; }
+  size_t bytes() const { return act_.bytes() + scores_.bytes(); }
+
+ private:
+  void allocate_rows(int rows);
+  void allocate_scores(int64_t floats);
+
+  const Config& c_;
+  int max_context_ = 0;
+  int max_rows_ = 0;
+  ArenaLayout layout_;
+  DeviceBuffer act_;
+  int64_t scores_capacity_ = 0;
+  DeviceBuffer scores_;  // scores then att, scores_capacity_ floats each
+};
+
+}  // namespace parity::device

@@ -1,0 +1,39 @@
+#include "device/runtime/arena_layout.h"
+
+#include "device/kernel_types.h"
+#include "model/backend.h"
+#include "model/error.h"
+
+namespace parity::device {
+
+size_t stage_row_floats(const Config& c, Stage s) {
+  PARITY_CHECK(info(s).shape != Shape::keys, "stage {} has rows that grow with the position",
+               name(s));
+  size_t n = 1;
+  for (size_t d : stage_dims(c, s, 0)) n *= d;
+  return n;
+}
+
+ArenaLayout ArenaLayout::of(const Config& c, int rows, int max_context) {
+  PARITY_CHECK(rows > 0 && max_context > 0, "activation arena for {} rows, context {}", rows,
+               max_context);
+  ArenaLayout a;
+  a.rows = rows;
+  a.max_context = max_context;
+  size_t bytes = 0;
+  for (const auto& s : kStages) {
+    if (s.shape == Shape::keys) continue;
+    a.stage_offset[size_t(s.stage)] = bytes;
+    bytes += (size_t(rows) * stage_row_floats(c, s.stage) * sizeof(float) + 255) / 256 * 256;
+  }
+  a.workspace_offset = bytes;
+  AttentionShape shape;
+  shape.n_heads = c.num_attention_heads;
+  shape.n_kv = c.num_key_value_heads;
+  shape.head_dim = c.head_dim;
+  shape.max_context = max_context;
+  a.bytes = bytes + attention_workspace_floats(shape, rows) * sizeof(float);
+  return a;
+}
+
+}  // namespace parity::device

@@ -1,0 +1,39 @@
+// Where each stage's output lives in the activation arena, for a given number of rows per step
+// (host arithmetic, no GPU toolkit needed; device/runtime/activation_arena.h allocates it).
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "model/config.h"
+#include "model/stages.h"
+
+namespace parity::device {
+
+// Floats per row of a stage's output (every stage but scores/att, whose rows grow with pos).
+size_t stage_row_floats(const Config& c, Stage s);
+
+// One allocation: every stage's output for `rows` rows at its offset (256-byte aligned; index
+// stages keep int32 rows in their slot), then the attention output's split workspace. The
+// scores/att rows, whose size depends on the positions, are a second buffer (scores_bytes).
+struct ArenaLayout {
+  int rows = 0;
+  int max_context = 0;
+  std::array<size_t, kNumStages> stage_offset{};  // bytes; unused for scores/att
+  size_t workspace_offset = 0;
+  size_t bytes = 0;
+
+  static ArenaLayout of(const Config& c, int rows, int max_context);
+};
+
+// Bytes of the packed scores and att buffers for `floats` elements each.
+inline size_t scores_bytes(int64_t floats) {
+  return 2 * size_t(floats) * sizeof(float);
+}
+// Scores/att floats for one row at the last position of the context: what the arena is first
+// sized for.
+inline int64_t scores_floats_for_one_row(const Config& c, int max_context) {
+  return int64_t(c.num_attention_heads) * (int64_t(max_context) + 1);
+}
+
+}  // namespace parity::device

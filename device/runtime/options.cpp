@@ -1,0 +1,106 @@
+#include "device/runtime/options.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+
+#include "model/config.h"
+#include "model/error.h"
+
+namespace parity::device {
+
+void DeviceOptions::validate() const {
+  if (device < -1) fail("device options: device index {} (use -1 for the current device)", device);
+  if (max_context < 0)
+    fail("device options: max_context {} must be 0 (the default) or positive", max_context);
+  if (kv_block_size < 1 || kv_block_size > (1 << 16) || (kv_block_size & (kv_block_size - 1)) != 0)
+    fail("device options: kv_block_size {} must be a power of two from 1 to 65536", kv_block_size);
+  if (kv_sequences < 0) fail("device options: kv_sequences {} must not be negative", kv_sequences);
+  if (!(kv_free_fraction > 0 && kv_free_fraction <= 1))
+    fail("device options: kv_free_fraction {} must be in (0, 1]", kv_free_fraction);
+  if (arena_rows < 1) fail("device options: arena_rows {} must be positive", arena_rows);
+  if (max_step_rows < 0 || (max_step_rows > 0 && max_step_rows < arena_rows))
+    fail("device options: max_step_rows {} must be 0 (no limit) or at least arena_rows {}",
+         max_step_rows, arena_rows);
+}
+
+int DeviceOptions::resolve_max_context(const Config& c) const {
+  if (max_context == 0) return std::min(kDefaultMaxContext, c.max_position_embeddings);
+  if (max_context > c.max_position_embeddings)
+    fail(
+        "device options: max_context {} (PARITY_DEVICE_MAX_CONTEXT) exceeds the model's context "
+        "of {} positions",
+        max_context, c.max_position_embeddings);
+  return max_context;
+}
+
+int parse_positive_int(const std::string& value, const char* name) {
+  try {
+    size_t used = 0;
+    const long v = std::stol(value, &used);
+    if (used == value.size() && v > 0 && v <= (1l << 30)) return int(v);
+  } catch (const std::exception&) {
+  }
+  fail("{}=\"{}\": expected a positive integer", name, value);
+}
+
+size_t parse_byte_size(const std::string& value, const char* name) {
+  std::string digits = value;
+  size_t scale = 1;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'K':
+      case 'k':
+        scale = size_t(1) << 10;
+        break;
+      case 'M':
+      case 'm':
+        scale = size_t(1) << 20;
+        break;
+      case 'G':
+      case 'g':
+        scale = size_t(1) << 30;
+        break;
+      default:
+        break;
+    }
+    if (scale != 1) digits.pop_back();
+  }
+  try {
+    size_t used = 0;
+    const unsigned long long v = std::stoull(digits, &used);
+    if (used == digits.size() && !digits.empty() && digits[0] != '-' && v > 0 &&
+        v <= std::numeric_limits<size_t>::max() / scale)
+      return size_t(v) * scale;
+  } catch (const std::exception&) {
+  }
+  fail("{}=\"{}\": expected a positive number of bytes, optionally with K, M or G, or \"free\"",
+       name, value);
+}
+
+namespace {
+const char* environment(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? v : nullptr;
+}
+}  // namespace
+
+DeviceOptions device_options_from_environment() {
+  DeviceOptions o;
+  if (const char* v = environment("PARITY_DEVICE_MAX_CONTEXT"))
+    o.max_context = parse_positive_int(v, "PARITY_DEVICE_MAX_CONTEXT");
+  if (const char* v = environment("PARITY_DEVICE_ROWS"))
+    o.arena_rows = parse_positive_int(v, "PARITY_DEVICE_ROWS");
+  o.kv_sequences = kEnvironmentKvSequences;
+  if (const char* v = environment("PARITY_DEVICE_KV_BYTES")) {
+    o.kv_sequences = 0;
+    if (std::string(v) != "free") o.kv_bytes = parse_byte_size(v, "PARITY_DEVICE_KV_BYTES");
+  }
+  if (const char* v = environment("PARITY_DEVICE_SYNC"))
+    o.sync_after_launch = std::string(v) != "0";
+  o.log = [](const std::string& line) { std::cerr << line; };
+  return o;
+}
+
+}  // namespace parity::device

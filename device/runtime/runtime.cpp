@@ -1,0 +1,87 @@
+#include "device/runtime/runtime.h"
+
+#include <cmath>
+
+#include "device/hip_compat.h"
+#include "model/error.h"
+
+namespace parity::device {
+
+DeviceRuntime::DeviceRuntime(const Model& m, const DeviceOptions& options)
+    : c_(m.config),
+      options_((options.validate(), options)),
+      device_(Device::open(options.device)),
+      max_context_(options.resolve_max_context(m.config)) {
+  if (options_.sync_after_launch) enable_sync_after_launch();
+  check_kernel_limits(m.dir);
+  WeightPlan plan = plan_weights(m);
+  memory_ = MemoryReport::plan(options_, c_, max_context_, plan, device_.describe(),
+                               device_.free_bytes(), device_.total_bytes);
+  if (options_.log) options_.log(memory_.text());
+  if (const std::string why = memory_.refusal(m.dir); !why.empty()) throw Error(why);
+
+  weights_ = std::make_unique<DeviceWeights>(m, std::move(plan));
+  arena_ = std::make_unique<ActivationArena>(c_, max_context_, options_.arena_rows,
+                                             scores_floats_for_one_row(c_, max_context_),
+                                             options_.max_step_rows);
+  kv_ = std::make_unique<KvCachePool>(memory_.kv, memory_.kv_blocks, max_context_, stream_.get());
+  stream_.synchronize();
+}
+
+DeviceRuntime::~DeviceRuntime() {
+  (void)hipStreamSynchronize(stream_.get());
+}
+
+void DeviceRuntime::check_kernel_limits(const std::string& model) const {
+  const int g = c_.heads_per_kv(), d = c_.head_dim;
+  if (g * d > 1024)
+    fail(
+        "{}: {} query heads per KV head of dimension {} exceed the attention kernel's block of "
+        "1024 threads",
+        model, g, d);
+  if (c_.num_local_experts > 8 * device_.warp_size)
+    fail("{}: {} experts exceed the router kernel's limit of {} on this device", model,
+         c_.num_local_experts, 8 * device_.warp_size);
+  if (c_.num_experts_per_tok > 32)
+    fail("{}: {} experts per token exceed the router kernel's limit of 32", model,
+         c_.num_experts_per_tok);
+}
+
+void DeviceRuntime::begin_step(const Batch& b) {
+  if (options_.max_step_rows > 0 && b.rows() > options_.max_step_rows)
+    fail("device runtime: a step of {} rows exceeds the limit of {} rows per step", b.rows(),
+         options_.max_step_rows);
+  kv_->blocks().begin_step(b, c_);  // validates; throws before anything changes
+  StepLayout layout = build_step(b, c_, kv_->blocks());
+  arena_->reserve(b.rows(), layout.scores_floats, stream_.get());
+  step_.upload(std::move(layout), stream_.get());
+}
+
+void DeviceRuntime::make_current() const {
+  HIP_CHECK(hipSetDevice(device_.index));
+}
+
+AttentionShape DeviceRuntime::attention_shape(int layer) const {
+  AttentionShape a;
+  a.n_heads = c_.num_attention_heads;
+  a.n_kv = c_.num_key_value_heads;
+  a.head_dim = c_.head_dim;
+  a.window = c_.sliding(layer) ? c_.sliding_window : 0;
+  a.max_context = max_context_;
+  a.kv_group = kv_->layout().group_of_layer.at(size_t(layer));
+  a.kv_slot = kv_->layout().slot_of_layer.at(size_t(layer));
+  a.scale = float(1.0 / std::sqrt(double(c_.head_dim)));
+  return a;
+}
+
+nlohmann::json DeviceRuntime::facts() const {
+  nlohmann::json f = device_.facts();
+  f["max_context"] = max_context_;
+  f["weights_bytes"] = weights_->bytes();
+  f["kv_block_size"] = kv_->layout().block_size;
+  f["kv_blocks"] = kv_->blocks().num_blocks();
+  f["kv_bytes"] = kv_->bytes();
+  return f;
+}
+
+}  // namespace parity::device

@@ -1,0 +1,78 @@
+// One model on one device: the pieces a forward pass runs on, set up in order -- the device,
+// a stream, the memory plan (refused with the sizes when it does not fit), the weights, the
+// activation arena, the paged KV pool -- and the step: begin_step() validates a batch, pages its
+// KV blocks, grows the arena if the step needs it (the only allocation, between steps) and
+// uploads the step's rows. The parity backend (device/hip_backend.cpp) and the production engine
+// both run their kernels over it.
+#pragma once
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "device/kernel_types.h"
+#include "device/runtime/activation_arena.h"
+#include "device/runtime/device.h"
+#include "device/runtime/device_weights.h"
+#include "device/runtime/kv_cache_pool.h"
+#include "device/runtime/memory_report.h"
+#include "device/runtime/options.h"
+#include "device/runtime/step.h"
+#include "device/runtime/stream.h"
+#include "model/backend.h"
+#include "model/checkpoint.h"
+
+namespace parity::device {
+
+class DeviceRuntime {
+ public:
+  // Opens options.device, plans the memory (MemoryReport; options.log gets its text), throws
+  // parity::Error with the sizes when the model does not fit, then uploads the weights and
+  // allocates the arena and the KV pool. `m` must outlive the runtime.
+  DeviceRuntime(const Model& m, const DeviceOptions& options);
+  ~DeviceRuntime();
+  DeviceRuntime(const DeviceRuntime&) = delete;
+  DeviceRuntime& operator=(const DeviceRuntime&) = delete;
+
+  // Makes `b` the current step: validates it (nothing changes when it is refused), takes and
+  // releases KV blocks, grows the arena when needed, uploads the rows and block tables.
+  void begin_step(const Batch& b);
+  void release(int seq) { kv_->blocks().release(seq); }  // a finished sequence's blocks
+  void clear() { kv_->blocks().clear(); }                // every sequence
+  // Every call runs on the calling thread's current device: a thread that drives runtimes of
+  // several devices makes each current before using it.
+  void make_current() const;
+
+  const Config& config() const { return c_; }
+  const Device& device() const { return device_; }
+  hipStream_t stream() const { return stream_.get(); }
+  const DeviceWeights& weights() const { return *weights_; }
+  const ActivationArena& arena() const { return *arena_; }
+  const KvCachePool& kv() const { return *kv_; }
+  const Step& step() const { return step_; }
+  const MemoryReport& memory() const { return memory_; }
+  int max_context() const { return max_context_; }
+
+  // The attention shape and KV place of `layer`, and the kernels' view of the KV cache for the
+  // current step.
+  AttentionShape attention_shape(int layer) const;
+  KvCacheView kv_view() const { return kv_->view(step_.device_block_tables()); }
+
+  // Device facts plus the runtime's sizes, as traces record them.
+  nlohmann::json facts() const;
+
+ private:
+  void check_kernel_limits(const std::string& model) const;
+
+  const Config& c_;
+  DeviceOptions options_;
+  Device device_;
+  int max_context_ = 0;
+  Stream stream_;
+  MemoryReport memory_;
+  std::unique_ptr<DeviceWeights> weights_;
+  std::unique_ptr<ActivationArena> arena_;
+  std::unique_ptr<KvCachePool> kv_;
+  Step step_;
+};
+
+}  // namespace parity::device

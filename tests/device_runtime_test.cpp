@@ -1,0 +1,728 @@
+// The device runtime (device/runtime/). Its host logic -- the paged KV cache's block allocation,
+// free list and sliding-window release, step building, the arena layout, the memory report's
+// arithmetic, the options -- needs no GPU and runs everywhere (parity_device_host). The device
+// parts (DeviceRuntime, the `hip` backend over it) run where a GPU is present and skip cleanly,
+// with the reason, elsewhere.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "device/kernel_types.h"
+#include "device/runtime/arena_layout.h"
+#include "device/runtime/kv_blocks.h"
+#include "device/runtime/memory_report.h"
+#include "device/runtime/options.h"
+#include "device/runtime/step_layout.h"
+#include "model/error.h"
+#include "model/synth.h"
+#include "tests/test_util.h"
+
+#ifdef PARITY_HAVE_DEVICE
+#include "device/hip_backend.h"
+#include "device/runtime/runtime.h"
+#include "model/forward.h"
+#endif
+
+namespace parity::device {
+namespace {
+
+using ::testing::HasSubstr;
+
+Config tiny_config() {
+  return synth_preset("tiny").config;  // 4 layers alternating sliding (window 8) and full
+}
+
+// Positions [first, first + n) of one sequence as one step.
+Batch rows_of(int seq, int first, int n, int token = 1) {
+  Batch b;
+  for (int p = first; p < first + n; ++p) {
+    b.tokens.push_back(token);
+    b.positions.push_back(p);
+    b.seqs.push_back(seq);
+  }
+  return b;
+}
+
+Batch join(const Batch& a, const Batch& b) {
+  Batch j = a;
+  j.tokens.insert(j.tokens.end(), b.tokens.begin(), b.tokens.end());
+  j.positions.insert(j.positions.end(), b.positions.begin(), b.positions.end());
+  j.seqs.insert(j.seqs.end(), b.seqs.begin(), b.seqs.end());
+  return j;
+}
+
+int live(std::span<const int32_t> table) {
+  return int(std::count_if(table.begin(), table.end(), [](int32_t b) { return b != kNoBlock; }));
+}
+
+// Every block of the pool is either free or held by exactly one (sequence, group, entry).
+void expect_blocks_accounted(const KvBlockManager& kv, const std::vector<int>& seqs) {
+  std::multiset<int32_t> held;
+  for (int seq : seqs)
+    for (int g = 0; g < kKvGroups; ++g)
+      for (int32_t b : kv.table(seq, g))
+        if (b != kNoBlock) {
+          EXPECT_GE(b, 0);
+          EXPECT_LT(b, kv.num_blocks());
+          held.insert(b);
+        }
+  for (int32_t b : held) EXPECT_EQ(held.count(b), 1u) << "block " << b << " held twice";
+  EXPECT_EQ(int(held.size()) + kv.free_blocks(), kv.num_blocks());
+}
+
+// ----------------------------------------------------------------------------- layout ---
+
+TEST(KvLayout, GroupsLayersByAttentionKind) {
+  const Config c = tiny_config();
+  const KvLayout k = KvLayout::of(c, 4);
+  EXPECT_EQ(k.block_size, 4);
+  EXPECT_EQ(k.block_shift, 2);
+  EXPECT_EQ(k.window, 8);
+  EXPECT_EQ(k.layers_in_group[kKvFullGroup], 2);
+  EXPECT_EQ(k.layers_in_group[kKvSlidingGroup], 2);
+  EXPECT_EQ(k.slots, 2);
+  EXPECT_EQ(k.group_of_layer, (std::vector<int>{1, 0, 1, 0}));
+  EXPECT_EQ(k.slot_of_layer, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(k.block_bytes(), size_t(2 * 2 * 4 * c.kv_dim() * 4));
+  EXPECT_EQ(k.blocks_for(0), 0);
+  EXPECT_EQ(k.blocks_for(4), 1);
+  EXPECT_EQ(k.blocks_for(5), 2);
+}
+
+TEST(KvLayout, TwentyBBlockIsOneAndAHalfMiB) {
+  const KvLayout k = KvLayout::of(synth_preset("20b").config, 32);
+  // 12 layers x K,V x 32 positions x 8 KV heads x 64 x f32.
+  EXPECT_EQ(k.block_bytes(), size_t(12 * 2 * 32 * 512 * 4));
+  // A sequence of 4096 positions: 128 blocks of full layers, the window of 128 plus a step of 64
+  // rows on sliding layers: ceil(191 / 32) + 1 = 7.
+  EXPECT_EQ(k.blocks_per_sequence(4096, 64), 128 + 7);
+}
+
+TEST(KvLayout, ModelWithoutSlidingLayersHasOneGroup) {
+  Config c = tiny_config();
+  c.layer_is_sliding.assign(size_t(c.num_hidden_layers), false);
+  const KvLayout k = KvLayout::of(c, 16);
+  EXPECT_FALSE(k.has_group(kKvSlidingGroup));
+  EXPECT_EQ(k.slots, 4);
+  EXPECT_EQ(k.window, 0);
+  EXPECT_EQ(k.blocks_per_sequence(100, 8), 7);
+}
+
+TEST(KvLayout, RejectsBlockSizesThatAreNotPowersOfTwo) {
+  for (int b : {0, 3, 24, -4, 1 << 17}) EXPECT_THROW(KvLayout::of(tiny_config(), b), Error) << b;
+}
+
+// ----------------------------------------------------------------- block allocation ---
+
+TEST(KvBlockManager, AllocatesBlocksAsASequenceGrows) {
+  const Config c = tiny_config();
+  KvBlockManager kv(KvLayout::of(c, 4), 64, 256);
+  EXPECT_EQ(kv.free_blocks(), 64);
+  kv.begin_step(rows_of(0, 0, 1), c);  // position 0: one block per group
+  EXPECT_EQ(kv.length(0), 1);
+  EXPECT_EQ(kv.table(0, kKvFullGroup).size(), 1u);
+  EXPECT_EQ(kv.table(0, kKvSlidingGroup).size(), 1u);
+  EXPECT_EQ(kv.free_blocks(), 62);
+  for (int p = 1; p < 4; ++p) kv.begin_step(rows_of(0, p, 1), c);  // the same blocks
+  EXPECT_EQ(kv.free_blocks(), 62);
+  kv.begin_step(rows_of(0, 4, 1), c);  // position 4 opens the second block of each group
+  EXPECT_EQ(kv.free_blocks(), 60);
+  EXPECT_EQ(kv.table(0, kKvFullGroup).size(), 2u);
+  expect_blocks_accounted(kv, {0});
+}
+
+TEST(KvBlockManager, FreeListHandsOutTheLowestBlocksFirstAndReusesReleasedOnes) {
+  const Config c = tiny_config();
+  KvBlockManager kv(KvLayout::of(c, 4), 16, 256);
+  kv.begin_step(rows_of(0, 0, 8), c);  // two blocks per group
+  const auto full0 =
+      std::vector<int32_t>(kv.table(0, kKvFullGroup).begin(), kv.table(0, kKvFullGroup).end());
+  std::vector<int32_t> all;
+  for (int g = 0; g < kKvGroups; ++g)
+    for (int32_t b : kv.table(0, g)) all.push_back(b);
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, (std::vector<int32_t>{0, 1, 2, 3}));
+  kv.release(0);
+  EXPECT_EQ(kv.free_blocks(), 16);
+  EXPECT_EQ(kv.sequences(), 0);
+  EXPECT_EQ(kv.length(0), 0);
+  kv.begin_step(rows_of(7, 0, 8), c);  // sequence 7 takes the released blocks again
+  all.clear();
+  for (int g = 0; g < kKvGroups; ++g)
+    for (int32_t b : kv.table(7, g)) all.push_back(b);
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, (std::vector<int32_t>{0, 1, 2, 3}));
+  kv.clear();
+  EXPECT_EQ(kv.free_blocks(), 16);
+  kv.begin_step(rows_of(0, 0, 8), c);  // after clear() the same placement as the first time
+  EXPECT_EQ(
+      std::vector<int32_t>(kv.table(0, kKvFullGroup).begin(), kv.table(0, kKvFullGroup).end()),
+      full0);
+}
+
+TEST(KvBlockManager, SequencesNeverShareABlock) {
+  const Config c = tiny_config();
+  KvBlockManager kv(KvLayout::of(c, 2), 200, 256);
+  for (int p = 0; p < 30; ++p) {
+    Batch b = join(rows_of(0, p, 1), rows_of(1, 2 * p, 2));
+    if (p % 3 == 0) b = join(b, rows_of(2, p / 3, 1));
+    kv.begin_step(b, c);
+    expect_blocks_accounted(kv, {0, 1, 2});
+  }
+}
+
+TEST(KvBlockManager, SlidingLayersReleaseTheBlocksThatLeaveTheWindow) {
+  const Config c = tiny_config();  // window 8
+  KvBlockManager kv(KvLayout::of(c, 4), 64, 256);
+  for (int p = 0; p <= 40; ++p) kv.begin_step(rows_of(0, p, 1), c);
+  // Full layers keep all 41 positions: 11 blocks.
+  EXPECT_EQ(live(kv.table(0, kKvFullGroup)), 11);
+  // The step at 40 reads keys 33..40: blocks 8..10; 0..7 were released.
+  const auto sliding = kv.table(0, kKvSlidingGroup);
+  ASSERT_EQ(sliding.size(), 11u);
+  for (int b = 0; b < 8; ++b) EXPECT_EQ(sliding[size_t(b)], kNoBlock) << b;
+  for (int b = 8; b < 11; ++b) EXPECT_NE(sliding[size_t(b)], kNoBlock) << b;
+  EXPECT_EQ(kv.free_blocks(), 64 - 11 - 3);
+  expect_blocks_accounted(kv, {0});
+}
+
+TEST(KvBlockManager, ReleasedWindowBlocksServeOtherSequences) {
+  const Config c = tiny_config();
+  const KvLayout layout = KvLayout::of(c, 4);
+  // Exactly what one sequence of 64 positions holds at most, decoding one row per step.
+  const int per_seq = layout.blocks_per_sequence(64, 1);
+  KvBlockManager kv(layout, per_seq, 64);
+  for (int p = 0; p < 64; ++p) kv.begin_step(rows_of(0, p, 1), c);
+  EXPECT_LE(kv.blocks_held(0), per_seq);
+  EXPECT_GT(kv.free_blocks(), 0);  // sliding blocks came back
+  expect_blocks_accounted(kv, {0});
+}
+
+TEST(KvBlockManager, BlocksPerSequenceBoundsWhatASequenceHolds) {
+  for (int block : {1, 4, 8, 32})
+    for (int rows : {1, 3, 8, 20}) {
+      const Config c = tiny_config();
+      const KvLayout layout = KvLayout::of(c, block);
+      const int max_context = 200;
+      const int bound = layout.blocks_per_sequence(max_context, rows);
+      KvBlockManager kv(layout, bound, max_context);
+      int most = 0;
+      for (int p = 0; p < max_context; p += rows) {
+        kv.begin_step(rows_of(0, p, std::min(rows, max_context - p)), c);  // never exhausted
+        most = std::max(most, kv.blocks_held(0));
+      }
+      EXPECT_LE(most, bound) << "block " << block << ", rows " << rows;
+    }
+}
+
+TEST(KvBlockManager, RestartInsideTheWindowTruncatesAndBehindItIsRefused) {
+  const Config c = tiny_config();  // window 8
+  KvBlockManager kv(KvLayout::of(c, 4), 64, 256);
+  for (int p = 0; p < 33; ++p) kv.begin_step(rows_of(0, p, 1), c);  // blocks 0..8
+  const int free_before = kv.free_blocks();
+  // Restarting at 31 reads keys 24..30 (blocks 6, 7): still there. The tail block 8 of each
+  // group is given back.
+  kv.begin_step(rows_of(0, 31, 1), c);
+  EXPECT_EQ(kv.length(0), 32);
+  EXPECT_EQ(kv.table(0, kKvFullGroup).size(), 8u);
+  EXPECT_EQ(kv.free_blocks(), free_before + 2);
+  expect_blocks_accounted(kv, {0});
+  // Restarting at 30 needs key 23 (block 5), released when the step at 32 moved past it, and at
+  // 5 keys from 0: refused, nothing changes.
+  const auto sliding = std::vector<int32_t>(kv.table(0, kKvSlidingGroup).begin(),
+                                            kv.table(0, kKvSlidingGroup).end());
+  const int free_now = kv.free_blocks();
+  for (int restart : {30, 5}) {
+    try {
+      kv.begin_step(rows_of(0, restart, 1), c);
+      ADD_FAILURE() << "a restart at " << restart << " behind the released window was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("released"));
+    }
+  }
+  EXPECT_EQ(kv.length(0), 32);
+  EXPECT_EQ(kv.free_blocks(), free_now);
+  EXPECT_EQ(std::vector<int32_t>(kv.table(0, kKvSlidingGroup).begin(),
+                                 kv.table(0, kKvSlidingGroup).end()),
+            sliding);
+}
+
+TEST(KvBlockManager, AnExhaustedPoolRefusesTheWholeStepAndChangesNothing) {
+  const Config c = tiny_config();
+  KvBlockManager kv(KvLayout::of(c, 4), 6, 256);
+  kv.begin_step(rows_of(0, 0, 8), c);  // 4 blocks
+  EXPECT_EQ(kv.free_blocks(), 2);
+  // Sequence 0 grows by a block per group (2) and sequence 1 needs 2 more: 4 > 2 free.
+  try {
+    kv.begin_step(join(rows_of(0, 8, 1), rows_of(1, 0, 1)), c);
+    ADD_FAILURE() << "an exhausted pool was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("exhausted"));
+    EXPECT_THAT(e.what(), HasSubstr("needs 4 new blocks"));
+  }
+  EXPECT_EQ(kv.free_blocks(), 2);
+  EXPECT_EQ(kv.length(0), 8);
+  EXPECT_EQ(kv.length(1), 0);
+  EXPECT_EQ(kv.sequences(), 1);
+  kv.begin_step(rows_of(0, 8, 1), c);  // alone it fits
+  EXPECT_EQ(kv.free_blocks(), 0);
+}
+
+TEST(KvBlockManager, AnInvalidBatchChangesNothing) {
+  const Config c = tiny_config();
+  KvBlockManager kv(KvLayout::of(c, 4), 16, 32);
+  kv.begin_step(rows_of(0, 0, 3), c);
+  EXPECT_THROW(kv.begin_step(rows_of(0, 5, 1), c), Error);                // gap
+  EXPECT_THROW(kv.begin_step(rows_of(0, 3, 1, c.vocab_size), c), Error);  // token id
+  EXPECT_THROW(kv.begin_step(rows_of(0, 3, 30), c), Error);               // past max_context
+  EXPECT_EQ(kv.length(0), 3);
+  EXPECT_EQ(kv.free_blocks(), 14);
+}
+
+TEST(KvBlockManager, AppendAndReleasePerSequence) {
+  const Config c = tiny_config();
+  KvBlockManager kv(KvLayout::of(c, 8), 32, 128);
+  kv.append(3, 0, 20);  // a prefill of 20 positions: 3 blocks per group
+  EXPECT_EQ(kv.length(3), 20);
+  EXPECT_EQ(kv.blocks_held(3), 6);
+  kv.append(3, 20, 21);
+  EXPECT_EQ(kv.length(3), 21);
+  EXPECT_THROW(kv.append(3, 25, 26), Error);  // not contiguous
+  EXPECT_THROW(kv.append(4, 0, 129), Error);  // past max_context
+  kv.release(3);
+  EXPECT_EQ(kv.free_blocks(), 32);
+  kv.release(3);  // unknown: nothing
+  EXPECT_EQ(kv.free_blocks(), 32);
+}
+
+// The kernels' address arithmetic (kv_row_offset) over the manager's tables: every
+// (sequence, layer, position, K or V) row has its own place inside the pool.
+TEST(KvBlockManager, EveryCachedRowHasItsOwnPlaceInThePool) {
+  const Config c = tiny_config();
+  const KvLayout layout = KvLayout::of(c, 4);
+  KvBlockManager kv(layout, 40, 64);
+  for (int p = 0; p < 20; ++p) kv.begin_step(join(rows_of(0, p, 1), rows_of(1, p, 1)), c);
+  std::set<int64_t> seen;
+  const int64_t pool_floats = int64_t(kv.num_blocks()) * int64_t(layout.block_floats());
+  for (int seq : {0, 1})
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const int g = layout.group_of_layer[size_t(l)];
+      const auto table = kv.table(seq, g);
+      const KvCacheView view{nullptr, table.data(), layout.block_shift, layout.slots};
+      const int first = g == kKvSlidingGroup ? 19 - layout.window + 1 : 0;  // what step 19 reads
+      for (int j = first; j < 20; ++j)
+        for (int which : {0, 1}) {
+          const int64_t at = kv_row_offset(view, table.data(), layout.slot_of_layer[size_t(l)],
+                                           which, j, layout.kv_dim);
+          EXPECT_GE(at, 0);
+          EXPECT_LE(at + layout.kv_dim, pool_floats);
+          EXPECT_EQ(at % layout.kv_dim, 0);
+          EXPECT_TRUE(seen.insert(at).second) << "seq " << seq << " layer " << l << " pos " << j;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------- step ---
+
+TEST(StepLayout, RowsPointAtTheirSequencesTablesAndPackedScores) {
+  const Config c = tiny_config();
+  KvBlockManager kv(KvLayout::of(c, 4), 64, 256);
+  kv.begin_step(rows_of(1, 0, 5), c);
+  const Batch b = join(rows_of(1, 5, 2, 7), rows_of(0, 0, 3, 9));
+  kv.begin_step(b, c);
+  const StepLayout s = build_step(b, c, kv);
+  ASSERT_EQ(s.rows.size(), 5u);
+  EXPECT_EQ(s.max_pos, 6);
+  int64_t at = 0;
+  for (size_t r = 0; r < s.rows.size(); ++r) {
+    const StepRow& row = s.rows[r];
+    EXPECT_EQ(row.token, b.tokens[r]);
+    EXPECT_EQ(row.pos, b.positions[r]);
+    EXPECT_EQ(row.seq, b.seqs[r]);
+    EXPECT_EQ(row.scores_offset, at);
+    at += int64_t(c.num_attention_heads) * (row.pos + 2);
+    for (int g = 0; g < kKvGroups; ++g) {
+      const auto want = kv.table(row.seq, g);
+      ASSERT_LE(size_t(row.kv_table[g]) + want.size(), s.block_tables.size());
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), s.block_tables.begin() + row.kv_table[g]))
+          << "row " << r << " group " << g;
+    }
+  }
+  EXPECT_EQ(s.scores_floats, at);
+  // Rows of one sequence share its tables; the two sequences' tables are apart.
+  EXPECT_EQ(s.rows[0].kv_table[0], s.rows[1].kv_table[0]);
+  EXPECT_NE(s.rows[0].kv_table[0], s.rows[2].kv_table[0]);
+  // Each sequence once: 2 sequences x 2 groups x (blocks for its length).
+  EXPECT_EQ(s.block_tables.size(), size_t(2 * 2 + 2 * 1));
+}
+
+TEST(StepLayout, RowsAreThirtyTwoBytesForTheKernels) {
+  EXPECT_EQ(sizeof(StepRow), 32u);
+  EXPECT_EQ(offsetof(StepRow, scores_offset) % 8, 0u);
+}
+
+// ------------------------------------------------------------------------------ arena ---
+
+TEST(ArenaLayout, StagesAreAlignedAndApart) {
+  const Config c = tiny_config();
+  const ArenaLayout a = ArenaLayout::of(c, 7, 512);
+  size_t end = 0;
+  for (const auto& s : kStages) {
+    if (s.shape == Shape::keys) continue;
+    const size_t off = a.stage_offset[size_t(s.stage)];
+    EXPECT_EQ(off % 256, 0u) << name(s.stage);
+    EXPECT_GE(off, end) << name(s.stage);
+    end = off + 7 * stage_row_floats(c, s.stage) * sizeof(float);
+  }
+  EXPECT_GE(a.workspace_offset, end);
+  AttentionShape shape;
+  shape.n_heads = c.num_attention_heads;
+  shape.n_kv = c.num_key_value_heads;
+  shape.head_dim = c.head_dim;
+  shape.max_context = 512;
+  EXPECT_EQ(a.bytes, a.workspace_offset + attention_workspace_floats(shape, 7) * sizeof(float));
+  EXPECT_GT(ArenaLayout::of(c, 64, 512).bytes, a.bytes);
+}
+
+TEST(ArenaLayout, SplitKeysBoundTheWorkspace) {
+  EXPECT_EQ(attention_split_keys(1), 256);
+  EXPECT_EQ(attention_split_keys(4096), 256);
+  EXPECT_EQ(attention_split_keys(131072), 2048);
+  AttentionShape a;
+  a.n_heads = 64;
+  a.head_dim = 64;
+  a.max_context = 4096;
+  EXPECT_EQ(attention_workspace_floats(a, 2), size_t(2 * 16 * 64 * 64));
+}
+
+// ---------------------------------------------------------------------- memory report ---
+
+WeightPlan weights_of(size_t bytes) {
+  WeightPlan w;
+  w.total = bytes;
+  w.bytes_by_kind["BF16"] = bytes;
+  return w;
+}
+
+constexpr size_t kGiB = size_t(1) << 30;
+constexpr size_t kMiB = size_t(1) << 20;
+
+TEST(MemoryReport, KvPoolFromAByteBudget) {
+  const Config c = synth_preset("20b").config;
+  DeviceOptions o;
+  o.kv_bytes = 100 * kMiB + 5;
+  const MemoryReport r =
+      MemoryReport::plan(o, c, 4096, weights_of(13 * kGiB), "GPU (x)", 70 * kGiB, 80 * kGiB);
+  EXPECT_EQ(r.kv.block_bytes(), size_t(1536) * 1024);
+  EXPECT_EQ(r.kv_blocks, 66);  // 100 MiB / 1.5 MiB
+  EXPECT_EQ(r.kv_bytes(), 66 * r.kv.block_bytes());
+  EXPECT_EQ(r.sequence_blocks, 135);
+  EXPECT_EQ(r.sequences(), 0);
+  EXPECT_FALSE(r.fits());  // less than one sequence of the context
+  EXPECT_THAT(r.refusal("m"), HasSubstr("holds 66 blocks of 32 positions"));
+  EXPECT_THAT(r.refusal("m"), HasSubstr("needs 135"));
+}
+
+TEST(MemoryReport, KvPoolForSequencesAndTheTotal) {
+  const Config c = synth_preset("20b").config;
+  DeviceOptions o;
+  o.kv_sequences = 4;
+  const MemoryReport r =
+      MemoryReport::plan(o, c, 4096, weights_of(13 * kGiB), "GPU (x)", 70 * kGiB, 80 * kGiB);
+  EXPECT_EQ(r.kv_blocks, 4 * 135);
+  EXPECT_EQ(r.sequences(), 4);
+  EXPECT_EQ(r.need(), r.weights_bytes + r.arena_bytes + r.scores_bytes + r.kv_bytes());
+  EXPECT_EQ(r.arena_bytes, ArenaLayout::of(c, 64, 4096).bytes);
+  EXPECT_EQ(r.scores_bytes, size_t(2 * 64 * 4097 * 4));
+  EXPECT_TRUE(r.fits());
+  EXPECT_EQ(r.refusal("m"), "");
+  const std::string text = r.text();
+  EXPECT_THAT(text, HasSubstr("540 blocks of 32 positions"));
+  EXPECT_THAT(text, HasSubstr("room for 4"));
+  EXPECT_THAT(text, HasSubstr("12 sliding layers only their window of 128"));
+}
+
+TEST(MemoryReport, KvPoolFromFreeMemory) {
+  const Config c = synth_preset("20b").config;
+  DeviceOptions o;
+  o.kv_free_fraction = 0.5;
+  const size_t free_bytes = 40 * kGiB;
+  const MemoryReport r =
+      MemoryReport::plan(o, c, 4096, weights_of(13 * kGiB), "GPU (x)", free_bytes, 80 * kGiB);
+  const size_t rest = r.weights_bytes + r.arena_bytes + r.scores_bytes;
+  EXPECT_EQ(size_t(r.kv_blocks), (free_bytes - rest) / 2 / r.kv.block_bytes());
+  EXPECT_TRUE(r.fits());
+  EXPECT_LE(r.need(), free_bytes);
+}
+
+TEST(MemoryReport, RefusesAModelThatDoesNotFitWithTheSizes) {
+  const Config c = synth_preset("20b").config;
+  DeviceOptions o;
+  o.kv_sequences = 1;
+  const MemoryReport r =
+      MemoryReport::plan(o, c, 4096, weights_of(13 * kGiB), "Small GPU (y)", 8 * kGiB, 8 * kGiB);
+  EXPECT_FALSE(r.fits());
+  const std::string why = r.refusal("/models/20b");
+  EXPECT_THAT(why, HasSubstr("/models/20b: the model does not fit on Small GPU (y)"));
+  EXPECT_THAT(why, HasSubstr("weights 13.00 GiB"));
+  EXPECT_THAT(why, HasSubstr("only 8.00 GiB is free"));
+  // From free memory with nothing left: no blocks at all, refused the same way.
+  DeviceOptions f;
+  const MemoryReport none =
+      MemoryReport::plan(f, c, 4096, weights_of(13 * kGiB), "Small GPU (y)", 8 * kGiB, 8 * kGiB);
+  EXPECT_EQ(none.kv_blocks, 0);
+  EXPECT_FALSE(none.fits());
+}
+
+TEST(MemoryReport, FormatsBytes) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(85 * kMiB + kMiB / 2), "85.5 MiB");
+  EXPECT_EQ(format_bytes(kGiB + kGiB / 2), "1.50 GiB");
+}
+
+// ---------------------------------------------------------------------------- options ---
+
+TEST(DeviceOptions, ValidateNamesTheField) {
+  const auto why = [](auto change) {
+    DeviceOptions o;
+    change(o);
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(why([](DeviceOptions&) {}), "");
+  EXPECT_THAT(why([](DeviceOptions& o) { o.kv_block_size = 24; }), HasSubstr("kv_block_size"));
+  EXPECT_THAT(why([](DeviceOptions& o) { o.arena_rows = 0; }), HasSubstr("arena_rows"));
+  EXPECT_THAT(why([](DeviceOptions& o) { o.kv_free_fraction = 0; }), HasSubstr("kv_free_fraction"));
+  EXPECT_THAT(why([](DeviceOptions& o) { o.max_step_rows = 8; }), HasSubstr("max_step_rows"));
+  EXPECT_THAT(why([](DeviceOptions& o) { o.device = -2; }), HasSubstr("device index"));
+}
+
+TEST(DeviceOptions, MaxContextResolvesAgainstTheModel) {
+  const Config c = tiny_config();  // 4096 positions
+  DeviceOptions o;
+  EXPECT_EQ(o.resolve_max_context(c), 4096);
+  o.max_context = 100;
+  EXPECT_EQ(o.resolve_max_context(c), 100);
+  o.max_context = 5000;
+  EXPECT_THROW(o.resolve_max_context(c), Error);
+  Config big = synth_preset("20b").config;
+  o.max_context = 0;
+  EXPECT_EQ(o.resolve_max_context(big), kDefaultMaxContext);
+}
+
+// Sets environment variables for one scope and restores them.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(DeviceOptions, FromTheEnvironment) {
+  {
+    ScopedEnv a("PARITY_DEVICE_MAX_CONTEXT", nullptr), b("PARITY_DEVICE_ROWS", nullptr),
+        k("PARITY_DEVICE_KV_BYTES", nullptr), s("PARITY_DEVICE_SYNC", nullptr);
+    const DeviceOptions o = device_options_from_environment();
+    EXPECT_EQ(o.max_context, 0);
+    EXPECT_EQ(o.arena_rows, kDefaultArenaRows);
+    EXPECT_EQ(o.kv_bytes, 0u);
+    EXPECT_EQ(o.kv_sequences, kEnvironmentKvSequences);
+    EXPECT_FALSE(o.sync_after_launch);
+    EXPECT_TRUE(bool(o.log));
+    EXPECT_EQ(o.device, -1);
+  }
+  {
+    ScopedEnv a("PARITY_DEVICE_MAX_CONTEXT", "2048"), b("PARITY_DEVICE_ROWS", "16"),
+        k("PARITY_DEVICE_KV_BYTES", "512M"), s("PARITY_DEVICE_SYNC", "1");
+    const DeviceOptions o = device_options_from_environment();
+    EXPECT_EQ(o.max_context, 2048);
+    EXPECT_EQ(o.arena_rows, 16);
+    EXPECT_EQ(o.kv_bytes, 512 * kMiB);
+    EXPECT_EQ(o.kv_sequences, 0);
+    EXPECT_TRUE(o.sync_after_launch);
+  }
+  {
+    ScopedEnv k("PARITY_DEVICE_KV_BYTES", "free"), s("PARITY_DEVICE_SYNC", "0");
+    const DeviceOptions o = device_options_from_environment();
+    EXPECT_EQ(o.kv_bytes, 0u);
+    EXPECT_EQ(o.kv_sequences, 0);  // from free memory
+    EXPECT_FALSE(o.sync_after_launch);
+  }
+  {
+    ScopedEnv a("PARITY_DEVICE_MAX_CONTEXT", "-5");
+    EXPECT_THROW(device_options_from_environment(), Error);
+  }
+  {
+    ScopedEnv k("PARITY_DEVICE_KV_BYTES", "lots");
+    EXPECT_THROW(device_options_from_environment(), Error);
+  }
+}
+
+TEST(DeviceOptions, ByteSizes) {
+  EXPECT_EQ(parse_byte_size("4096", "X"), 4096u);
+  EXPECT_EQ(parse_byte_size("3K", "X"), 3072u);
+  EXPECT_EQ(parse_byte_size("2g", "X"), 2 * kGiB);
+  for (const char* bad : {"", "0", "-1", "1.5G", "G", "12T", "99999999999999999999"})
+    EXPECT_THROW(parse_byte_size(bad, "X"), Error) << bad;
+}
+
+// ----------------------------------------------------------------- on the device ---
+
+#ifdef PARITY_HAVE_DEVICE
+
+class DeviceRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!device_available()) GTEST_SKIP() << "no GPU: " << device_unavailable_reason();
+    model_ = Model::load(test::tiny_model_dir());
+  }
+  // Options given explicitly, as the engine will: nothing read from the environment.
+  static DeviceOptions options(int block_size, size_t kv_bytes = 0) {
+    DeviceOptions o;
+    o.kv_block_size = block_size;
+    o.kv_bytes = kv_bytes;
+    o.kv_sequences = kv_bytes == 0 ? 4 : 0;
+    o.max_context = 256;
+    o.arena_rows = 8;
+    return o;
+  }
+  // Logits of a prefill of `prompt` tokens in one step, then `decode` steps of one token, for
+  // sequence `seq`; every row's logits, in order.
+  static std::vector<float> run(Backend& b, int prompt, int decode, int seq = 0) {
+    std::vector<float> all;
+    const auto step = [&](const Batch& batch) {
+      forward(b, batch);
+      for (int r = 0; r < batch.rows(); ++r) {
+        const StageData d = b.read(Stage::logits, kModelLayer, r);
+        all.insert(all.end(), d.f32.begin(), d.f32.end());
+      }
+    };
+    Batch p;
+    for (int i = 0; i < prompt; ++i) {
+      p.tokens.push_back((7 + 31 * i) % 1024);
+      p.positions.push_back(i);
+      p.seqs.push_back(seq);
+    }
+    step(p);
+    for (int i = prompt; i < prompt + decode; ++i) step(Batch::single((7 + 31 * i) % 1024, i, seq));
+    return all;
+  }
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(DeviceRuntimeTest, TheBlockSizeDoesNotChangeABit) {
+  // 20 prompt rows and 20 decode steps: past twice the window of 8.
+  auto ref = make_hip_backend(*model_, options(256));  // one block per sequence
+  const std::vector<float> want = run(*ref, 20, 20);
+  for (int block : {1, 4, 32}) {
+    auto b = make_hip_backend(*model_, options(block));
+    const std::vector<float> got = run(*b, 20, 20);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+        << "block size " << block;
+  }
+}
+
+TEST_F(DeviceRuntimeTest, ASequenceGetsTheSameBitsBesideAnother) {
+  auto alone = make_hip_backend(*model_, options(4));
+  const std::vector<float> want = run(*alone, 12, 12, 5);
+  auto shared = make_hip_backend(*model_, options(4));
+  run(*shared, 30, 3, 1);  // another sequence holds (and slides out of) blocks first
+  EXPECT_EQ(run(*shared, 12, 12, 5), want);
+  shared->reset();
+  EXPECT_EQ(run(*shared, 12, 12, 5), want);
+}
+
+TEST_F(DeviceRuntimeTest, ExplicitOptionsAndTheEnvironmentFactoryAgree) {
+  auto explicit_options = make_hip_backend(*model_, options(kDefaultKvBlockSize));
+  auto from_environment = make_hip_backend(*model_);
+  EXPECT_EQ(run(*explicit_options, 9, 3), run(*from_environment, 9, 3));
+}
+
+TEST_F(DeviceRuntimeTest, MemoryReportGoesToTheLogCallback) {
+  std::string log;
+  DeviceOptions o = options(16);
+  o.log = [&](const std::string& s) { log += s; };
+  DeviceRuntime rt(*model_, o);
+  EXPECT_THAT(log, HasSubstr("device runtime on"));
+  EXPECT_THAT(log, HasSubstr("KV cache"));
+  EXPECT_EQ(rt.kv().blocks().num_blocks(), rt.memory().kv_blocks);
+  EXPECT_EQ(rt.kv().bytes(), rt.memory().kv_bytes());
+  EXPECT_EQ(rt.facts().at("kv_block_size"), 16);
+}
+
+TEST_F(DeviceRuntimeTest, RefusesAPoolSmallerThanOneSequence) {
+  const KvLayout layout = KvLayout::of(model_->config, 16);
+  try {
+    DeviceRuntime rt(*model_, options(16, layout.block_bytes()));
+    ADD_FAILURE() << "a pool of one block was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("holds 1 blocks of 16 positions"));
+  }
+}
+
+TEST_F(DeviceRuntimeTest, AnExhaustedPoolRefusesTheStepAndTheRuntimeGoesOn) {
+  const KvLayout layout = KvLayout::of(model_->config, 16);
+  const int one = layout.blocks_per_sequence(256, 8);
+  auto b = make_hip_backend(*model_, options(16, size_t(one) * layout.block_bytes()));
+  const std::vector<float> want = run(*b, 40, 2, 0);
+  try {
+    run(*b, 200, 0, 1);  // a second long sequence: no room
+    ADD_FAILURE() << "an exhausted pool was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("exhausted"));
+  }
+  b->reset();
+  EXPECT_EQ(run(*b, 40, 2, 0), want);
+}
+
+TEST_F(DeviceRuntimeTest, StepUploadsItsRowsAndTables) {
+  DeviceRuntime rt(*model_, options(4));
+  const Batch b = join(rows_of(0, 0, 6, 3), rows_of(2, 0, 2, 4));
+  rt.begin_step(b);
+  const StepLayout& host = rt.step().host();
+  std::vector<StepRow> rows(host.rows.size());
+  std::vector<int32_t> tables(host.block_tables.size());
+  HIP_CHECK(hipStreamSynchronize(rt.stream()));
+  HIP_CHECK(hipMemcpy(rows.data(), rt.step().device_rows(), rows.size() * sizeof(StepRow),
+                      hipMemcpyDeviceToHost));
+  HIP_CHECK(hipMemcpy(tables.data(), rt.step().device_block_tables(),
+                      tables.size() * sizeof(int32_t), hipMemcpyDeviceToHost));
+  EXPECT_EQ(std::memcmp(rows.data(), host.rows.data(), rows.size() * sizeof(StepRow)), 0);
+  EXPECT_EQ(tables, host.block_tables);
+  EXPECT_EQ(rt.step().max_pos(), 5);
+}
+
+#endif  // PARITY_HAVE_DEVICE
+
+}  // namespace
+}  // namespace parity::device
