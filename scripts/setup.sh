@@ -4,8 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# nodejs and npm run the tokenizer's oracle (scripts/tokenizer_oracle.sh). npm is listed only where
+# no npm command exists: NodeSource's nodejs bundles npm and conflicts with Debian's npm package.
 packages=(cmake ninja-build g++ pkg-config libhdf5-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libpugixml-dev libxxhash-dev)
+          libgtest-dev libgmock-dev libpugixml-dev libxxhash-dev libpcre2-dev nodejs
+          $(command -v npm >/dev/null || echo npm))
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh -DPARITY_WERROR=ON
+scripts/tokenizer_oracle.sh  # js-tiktoken's expected encodings; PARITY_NO_NPM=1 skips
 set +e
 ctest --test-dir build --output-on-failure -j"$(nproc)" 2>&1 | tee build/ctest.log
 rc=${PIPESTATUS[0]}

@@ -11,14 +11,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "engine/tiny_tokenizer.h"
+#include "engine/tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
 #include "model/forward.h"
 #include "model/synth.h"
+#include "model/untrusted.h"
 #include "reference/cpu_backend.h"
 #include "tools/common.h"
 
@@ -401,6 +406,71 @@ void print_stats(const std::string& dir, const SynthSpec& spec, int positions) {
   obs.print(std::cout, *model);
 }
 
+// o200k_harmony's ids end at 201088, the vocabulary of the 20b and 120b models.
+constexpr int kO200kHarmonyIds = 201088;
+
+// The o200k_harmony tokenizer.json the 20b and 120b presets copy: --tokenizer FILE, else
+// $PARITY_TOKENIZER_ORACLE_DIR/tokenizer.json, else the one scripts/tokenizer_oracle.sh writes
+// beside this build (<build>/oracle/o200k_harmony/tokenizer.json).
+std::string o200k_tokenizer_source(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* dir = std::getenv("PARITY_TOKENIZER_ORACLE_DIR"); dir != nullptr && *dir)
+    return std::string(dir) + "/tokenizer.json";
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (exe.parent_path().parent_path() / "oracle" / "o200k_harmony" / "tokenizer.json").string();
+}
+
+// Writes DIR/tokenizer.json for the model of `spec`: the o200k_harmony file copied for a model
+// with its vocabulary, the tiny layout (engine/tiny_tokenizer.h) made for a smaller one. Returns
+// the line to print. Without the o200k_harmony file: an Error when `required`, else a note.
+std::string write_tokenizer(const SynthSpec& spec, const std::string& source,
+                            const std::string& dir, bool required) {
+  const int vocab = spec.config.vocab_size;
+  const std::string path = dir + "/tokenizer.json";
+  if (vocab >= kO200kHarmonyIds) {
+    std::error_code ec;
+    if (!std::filesystem::exists(source, ec)) {
+      const std::string how = fmt::format(
+          "no o200k_harmony tokenizer.json at {}: scripts/tokenizer_oracle.sh writes one (node and "
+          "npm), or pass --tokenizer FILE (the hub's openai/gpt-oss-20b tokenizer.json will do)",
+          source);
+      if (required) fail("{}", how);
+      return "no tokenizer.json written (" + how + ")";
+    }
+    const std::string text = read_small_file(source, kMaxTokenizerJsonBytes, "tokenizer.json");
+    const Tokenizer t = Tokenizer::parse(text, source);
+    if (t.id_end() > vocab)
+      fail("{}: ids up to {}, more than the model's vocabulary of {}", source, t.id_end() - 1,
+           vocab);
+    t.added("<|start|>");  // an Error when the file is not a harmony tokenizer
+    write_file_atomically(path, text);
+    return fmt::format("wrote {} (o200k_harmony, copied from {}: {} tokens, {} merges)", path,
+                       source, t.token_count(), t.merge_count());
+  }
+  if (vocab < kTinyMinVocab) {
+    if (required)
+      fail("vocab_size {}: too small for a tokenizer (at least {})", vocab, kTinyMinVocab);
+    return fmt::format("no tokenizer.json written (vocab_size {} < {})", vocab, kTinyMinVocab);
+  }
+  write_file_atomically(path, tiny_tokenizer_json(vocab));
+  return fmt::format("wrote {} (the tiny layout: 256 bytes, {} merges, {} harmony specials)", path,
+                     vocab - 256 - kTinySpecialCount, kTinySpecialCount);
+}
+
+// --tokenizer-only writes into a directory that may hold a checkpoint: never into one that
+// parity-synth did not write (its config.json has no "parity_synth" entry).
+void refuse_foreign_checkpoint(const std::string& dir) {
+  const std::string cfg = dir + "/config.json";
+  if (!std::filesystem::exists(cfg)) return;
+  const nlohmann::json j = parse_json(read_small_file(cfg, 1 << 20, "config"), cfg);
+  if (!j.is_object() || !j.contains("parity_synth"))
+    fail(
+        "{}: holds a checkpoint that parity-synth did not write; refusing to write its "
+        "tokenizer.json. Choose another --out directory.",
+        dir);
+}
+
 int synth_main(int argc, char** argv) {
   CLI::App app{
       "parity-synth: writes a deterministic synthetic gpt-oss checkpoint in the hub layout "
@@ -412,7 +482,8 @@ int synth_main(int argc, char** argv) {
   uint64_t seed = 0;
   int hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, inter = 0, experts = 0,
       topk = 0, vocab = 0, window = 0, shards = 0, positions = 0;
-  bool no_stats = false, progress = ::isatty(STDERR_FILENO) != 0;
+  bool no_stats = false, tokenizer_only = false, progress = ::isatty(STDERR_FILENO) != 0;
+  std::string tokenizer_source;
   app.add_option("--preset", preset,
                  "tiny (CI, seconds), 20b or 120b (the real shapes, ~13.8 / ~65 GB)")
       ->check(CLI::IsMember({"tiny", "20b", "120b"}))
@@ -448,6 +519,13 @@ int synth_main(int argc, char** argv) {
   app.add_option("--shards", shards, "number of safetensors files (default: the preset's)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-stats", no_stats, "skip the reference forward and its figures");
+  app.add_flag("--tokenizer-only", tokenizer_only,
+               "write only DIR/tokenizer.json: o200k_harmony for 20b/120b (see --tokenizer), the "
+               "tiny layout for tiny; the checkpoints also get it when it is available");
+  app.add_option("--tokenizer", tokenizer_source,
+                 "the o200k_harmony tokenizer.json that 20b/120b copy (default: "
+                 "$PARITY_TOKENIZER_ORACLE_DIR/tokenizer.json, else "
+                 "<build>/oracle/o200k_harmony/tokenizer.json from scripts/tokenizer_oracle.sh)");
   app.add_option("--stats-positions", positions,
                  "positions in the reference forward (default: 16 for tiny, 2 for 20b/120b)")
       ->check(CLI::PositiveNumber);
@@ -487,6 +565,18 @@ int synth_main(int argc, char** argv) {
     fail("--stats-positions {}: at most {} (the model's context, and 4096)", positions,
          std::min(c.max_position_embeddings, 4096));
 
+  const std::string tokenizer_from = o200k_tokenizer_source(tokenizer_source);
+  if (tokenizer_only) {
+    std::error_code ec;
+    std::filesystem::create_directories(out, ec);
+    if (!std::filesystem::is_directory(out))
+      fail("{}: cannot create the output directory ({})", out,
+           ec ? ec.message() : "not a directory");
+    refuse_foreign_checkpoint(out);
+    std::cout << write_tokenizer(spec, tokenizer_from, out, /*required=*/true) << "\n";
+    return kExitOk;
+  }
+
   const SynthResult r = write_synthetic_checkpoint(spec, out, progress);
   std::cout << fmt::format(
       "wrote {} (preset {}, seed {}, {} magnitudes): {:.3f} GB in {} safetensors file{}, {:.1f} s "
@@ -494,6 +584,7 @@ int synth_main(int argc, char** argv) {
       out, spec.preset, seed, magnitudes, double(r.bytes) / 1e9, spec.shards,
       spec.shards > 1 ? "s" : "", r.seconds,
       r.seconds > 0 ? double(r.bytes) / 1e6 / r.seconds : 0.0);
+  std::cout << write_tokenizer(spec, tokenizer_from, out, /*required=*/false) << "\n";
   if (!no_stats) print_stats(out, spec, positions ? positions : preset == "tiny" ? 16 : 2);
   return kExitOk;
 }
