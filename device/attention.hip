@@ -73,13 +73,16 @@ __global__ void __launch_bounds__(kThreads)
   float* k_s = smem + g * d;  // [tile][d + 1] (padded: conflict-free column reads)
   const float* qr = q + (int64_t(r) * a.n_heads + int64_t(kvh) * g) * d;
   for (int t = int(threadIdx.x); t < g * d; t += int(blockDim.x)) q_s[t] = qr[t];
+  // A key outside [first, j_end) reads the row of pos instead (always there: the append ran
+  // first) and is zeroed: every load is unconditional, so a thread's loads overlap.
   const int kv_dim = a.n_kv * d;
   const int32_t* table = row_table(kv, a, rows[r]);
   const float* kc = kv.blocks + int64_t(kvh) * d;
   for (int t = int(threadIdx.x); t < kScoreTile * d; t += int(blockDim.x)) {
     const int jj = t / d, i = t % d, j = j0 + jj;
-    k_s[jj * (d + 1) + i] =
-        j < j_end && j >= first ? kc[kv_row_offset(kv, table, a.kv_slot, 0, j, kv_dim) + i] : 0.0f;
+    const bool visible = j < j_end && j >= first;
+    const float x = kc[kv_row_offset(kv, table, a.kv_slot, 0, visible ? j : pos, kv_dim) + i];
+    k_s[jj * (d + 1) + i] = visible ? x : 0.0f;
   }
   __syncthreads();
   for (int t = int(threadIdx.x); t < items; t += int(blockDim.x)) {
@@ -141,9 +144,13 @@ __global__ void __launch_bounds__(1024)
     const int block_end = min(j_end, ((j >> kv.block_shift) + 1) << kv.block_shift);
     const float* vc =
         kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j, kv_dim) + int64_t(kvh) * d + i;
+    // v is loaded whatever p is (every key of the range has its block), so that the loads of
+    // several keys are in flight at once; a zero probability still adds nothing.
+#pragma unroll 8
     for (; j < block_end; ++j, vc += kv_dim) {
       const float p = prow[j];
-      if (p != 0.0f) acc = fmaf(p, *vc, acc);  // zero probabilities add nothing
+      const float sum = fmaf(p, *vc, acc);
+      acc = p != 0.0f ? sum : acc;
     }
   }
   if (splits == 1)
