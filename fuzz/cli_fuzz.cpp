@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   parity::SelectionFlags sel;
   std::vector<int32_t> tokens;
   app.add_option("OBJECTS", sel.paths);
-  app.add_option("--tokens", tokens)->delimiter(',');
+  parity::add_token_list_option(app, "--tokens", tokens, "tokens");
   parity::add_criterion_options(app, cf, "judge");
   parity::add_selection_options(app, sel);
   try {

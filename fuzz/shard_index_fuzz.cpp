@@ -117,6 +117,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < v.nbytes; ++i) sum += v.data[i];
     (void)sum;
   }
-  FUZZ_REQUIRE(store->fingerprint().size() == 16);
+  const std::string fingerprint = store->fingerprint();
+  FUZZ_REQUIRE(fingerprint.rfind("xxh3-128:", 0) == 0 && fingerprint.size() == 9 + 32);
   return 0;
 }

@@ -84,9 +84,10 @@ for src in fuzz/*_fuzz.cpp; do
 
   after="$(ls -1 "$findings/$target")"
   new="$(comm -13 <(echo "$before") <(echo "$after") | sed '/^$/d')"
-  runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"
-  rss_start="$(grep -m1 -E '^#[0-9]+[[:space:]]+INITED' "$log" | sed -n 's/.*rss: \([0-9]*\)Mb.*/\1/p')"
-  rss_end="$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -n 1)"
+  # A target that fails on a seed never prints INITED: these may match nothing.
+  runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1 || true)"
+  rss_start="$( (grep -m1 -E '^#[0-9]+[[:space:]]+INITED' "$log" || true) | sed -n 's/.*rss: \([0-9]*\)Mb.*/\1/p')"
+  rss_end="$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -n 1 || true)"
   echo "fuzz: $target: ${runs:-?} inputs in ${seconds} s from $seeds seeds, rss ${rss_start:-?} -> ${rss_end:-?} MB, exit $rc"
 
   if [ -n "$new" ] || [ "$rc" -ne 0 ]; then

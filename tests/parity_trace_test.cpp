@@ -193,7 +193,7 @@ TEST(ParityTrace, BadInputExitsTwoWithOneLineAndNoOutputFiles) {
       {"--model " + tiny + " --token 1 --pos 4090 --generate 10", "past the model's context"},
       {"--model " + tiny + " --tokens 1 --no-replay --judge local", "--no-replay"},
       {"--model " + tiny + " --tokens 1 --lambda 0", "--lambda"},
-      {"--model " + tiny + " --tokens 4294967297", "Could not convert: --tokens"},
+      {"--model " + tiny + " --tokens 4294967297", "--tokens: \"4294967297\" is not a token id"},
   };
   for (const auto& c : cases) {
     const std::string out = test::temp_dir("bad");

@@ -147,6 +147,18 @@ TEST(Tools, DiffSelectsStagesLayersPositionsAndPaths) {
   }
 }
 
+// --tokens: an empty value is an error, not a token 0; a value out of int32 is an error, not
+// wrapped.
+TEST(Tools, TokenListsRefuseEmptyAndOutOfRangeValues) {
+  for (const char* bad : {"1,,2", "1 '' 3", "1,2,", "4294967297", "-2147483649", "1,x"}) {
+    const auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                      " --candidate cpu-f32 --tokens " + bad +
+                                                      " --out " + test::temp_dir("tokens"));
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
+    EXPECT_EQ(lines(r.output), 1u) << bad << ": " << r.output;
+  }
+}
+
 TEST(Tools, GoldenCompareNeedsNumbers) {
   const std::string dir = test::temp_dir("golden-empty");
   std::ofstream(dir + "/a.txt").close();

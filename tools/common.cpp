@@ -262,6 +262,33 @@ std::string stage_names_text() {
 }
 }  // namespace
 
+CLI::Option* add_token_list_option(CLI::App& app, const std::string& name,
+                                   std::vector<int32_t>& tokens, const std::string& help) {
+  // The raw arguments, split here rather than by CLI11's delimiter (which drops empty parts, so
+  // "1,,2" would pass as 1,2); each part converted by CLI11's own lexical_cast, which refuses
+  // what does not fit an int32.
+  return app.add_option_function<std::vector<std::string>>(
+      name,
+      [&tokens, name](const std::vector<std::string>& args) {
+        tokens.clear();
+        for (const std::string& arg : args) {
+          size_t start = 0;
+          while (true) {
+            const size_t comma = arg.find(',', start);
+            const std::string part = arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            int32_t id = 0;
+            if (part.empty()) throw CLI::ValidationError(name, "an empty token id in " + quoted(arg, 60));
+            if (!CLI::detail::lexical_cast(part, id))
+              throw CLI::ValidationError(name, quoted(part, 40) + " is not a token id (an integer of 32 bits)");
+            tokens.push_back(id);
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+          }
+        }
+      },
+      help);
+}
+
 void add_selection_options(CLI::App& app, SelectionFlags& f) {
   app.add_option("--stage", f.stages, "compare only these stages (repeatable or comma-separated): " +
                                           stage_names_text())

@@ -86,6 +86,12 @@ Criterion criterion_from_flags(const CriterionFlags& flags);
 // defaults to in that tool. explicit_abs_rel is set when --atol is given.
 void add_criterion_options(CLI::App& app, CriterionFlags& flags, const std::string& judge_help);
 
+// A list of token ids, "t0,t1,..." or repeated: CLI11 converts each value (an int32 out of
+// range is an error, never wrapped); an empty value ("1,,2", or "" as its own argument) is an
+// error rather than a silent token 0.
+CLI::Option* add_token_list_option(CLI::App& app, const std::string& name,
+                                   std::vector<int32_t>& tokens, const std::string& help);
+
 // parity-diff's selection flags (--stage, --layer, --position, --exclude; object paths are the
 // tool's positionals) into a DiffSelection; throws parity::Error naming a bad value.
 struct SelectionFlags {

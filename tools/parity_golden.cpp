@@ -136,7 +136,7 @@ int golden_main(int argc, char** argv) {
   }
   std::vector<int32_t> update_tokens;
   double update_atol = 1e-9, update_rtol = 1e-9;
-  update->add_option("--tokens", update_tokens, "token ids (default: keep the manifest's)")->delimiter(',');
+  add_token_list_option(*update, "--tokens", update_tokens, "token ids (default: keep the manifest's)");
   update->add_option("--atol", update_atol, "tolerance recorded in the manifest")->capture_default_str();
   update->add_option("--rtol", update_rtol, "tolerance recorded in the manifest")->capture_default_str();
   auto* compare = app.add_subcommand(

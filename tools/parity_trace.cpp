@@ -86,9 +86,8 @@ int trace_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--models-dir", models_dir,
                  "where presets live (default $PARITY_MODELS_DIR, else ./models)");
-  auto* o_tokens = app.add_option("--tokens", tokens,
-                                  "comma-separated token ids at positions 0,1,...; all traced")
-                       ->delimiter(',');
+  auto* o_tokens = add_token_list_option(
+      app, "--tokens", tokens, "comma-separated token ids at positions 0,1,...; all traced");
   auto* o_token = app.add_option(
       "--token", token, "trace this token id at --pos, after the prefix (1 + 7919 i) mod vocab");
   auto* o_pos = app.add_option("--pos", pos, "position of --token");
