@@ -231,7 +231,10 @@ void Tokenizer::Impl::load_vocab(const json& model) {
   std::vector<std::pair<TokenId, std::string>> entries;
   entries.reserve(vocab->size());
   TokenId max_id = -1;
-  for (const auto& [text, value] : vocab->items()) {
+  for (const auto& item : vocab->items()) {
+    // Named, not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
+    const std::string& text = item.key();
+    const json& value = item.value();
     const auto where = [&] { return fmt::format("{}: model.vocab[{}]", source, quoted(text, 60)); };
     const TokenId id = id_field(value, where);
     auto bytes = byte_level_bytes(text);
