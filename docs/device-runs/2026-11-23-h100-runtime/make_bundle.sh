@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Assembles the folder run.sh reads (default build-devrun/, ignored by git): the two trees to
-# compare as git archives, and xxhash and pugixml (headers, shared libraries, a pkg-config file
+# compare as git archives, and xxhash, pugixml and PCRE2 (headers, shared libraries, a pkg-config file
 # and a CMake config under /tmp/deps), which the GPU machine lacks. Then, with the device tool:
 #   run(command="bash build-devrun/run.sh", carry=["build-devrun"])
 # Usage: make_bundle.sh NEW_COMMIT OLD_COMMIT [DIR]
@@ -15,7 +15,11 @@ d="$dir/deps"
 rm -rf "$d" && mkdir -p "$d/include" "$d/lib/pkgconfig" "$d/lib/cmake/pugixml"
 cp /usr/include/xxhash.h /usr/include/xxh3.h /usr/include/xxh_x86dispatch.h /usr/include/pugixml.hpp \
   /usr/include/pugiconfig.hpp "$d/include/"
-cp -L /usr/lib/x86_64-linux-gnu/libxxhash.so.0.8.1 /usr/lib/x86_64-linux-gnu/libpugixml.so.1.13 "$d/lib/"
+cp /usr/include/pcre2.h "$d/include/"
+cp -L /usr/lib/x86_64-linux-gnu/libxxhash.so.0.8.1 /usr/lib/x86_64-linux-gnu/libpugixml.so.1.13 \
+  /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0.11.2 "$d/lib/"
+sed 's|^prefix=/usr|prefix=/tmp/deps|; s|^libdir=.*|libdir=${exec_prefix}/lib|' \
+  /usr/lib/x86_64-linux-gnu/pkgconfig/libpcre2-8.pc >"$d/lib/pkgconfig/libpcre2-8.pc"
 sed 's|^prefix=/usr|prefix=/tmp/deps|; s|^libdir=.*|libdir=${exec_prefix}/lib|' \
   /usr/lib/x86_64-linux-gnu/pkgconfig/libxxhash.pc >"$d/lib/pkgconfig/libxxhash.pc"
 cat >"$d/lib/cmake/pugixml/pugixml-config.cmake" <<'CMAKE'

@@ -11,7 +11,8 @@ tar -xzf "$R/new.tar.gz" -C /tmp/new
 tar -xzf "$R/old.tar.gz" -C /tmp/old
 rm -rf /tmp/deps && cp -r "$R/deps" /tmp/deps
 (cd /tmp/deps/lib && ln -sf libxxhash.so.0.8.1 libxxhash.so.0 && ln -sf libxxhash.so.0 libxxhash.so &&
-  ln -sf libpugixml.so.1.13 libpugixml.so.1 && ln -sf libpugixml.so.1 libpugixml.so)
+  ln -sf libpugixml.so.1.13 libpugixml.so.1 && ln -sf libpugixml.so.1 libpugixml.so &&
+  { [ ! -f libpcre2-8.so.0.11.2 ] || { ln -sf libpcre2-8.so.0.11.2 libpcre2-8.so.0 && ln -sf libpcre2-8.so.0 libpcre2-8.so; }; })
 export CMAKE_PREFIX_PATH=/tmp/deps PKG_CONFIG_PATH=/tmp/deps/lib/pkgconfig LD_LIBRARY_PATH=/tmp/deps/lib
 export MODELS_DIR=/tmp/parity-models
 S="$OUT/summary.txt"
