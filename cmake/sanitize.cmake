@@ -3,8 +3,9 @@
 #
 # -fno-sanitize-recover=undefined: UBSan's default is to print and go on, so a report would
 #   pass a test; aborting makes it fail where it happens.
-# -fno-omit-frame-pointer and -g: ASan's fast unwinder walks frame pointers, and a report is
-#   only worth reading with file:line in it.
+# -fno-omit-frame-pointer and -g1: ASan's fast unwinder walks frame pointers, and a report is
+#   only worth reading with file:line in it (line tables are enough; full -g doubles the
+#   compile time).
 # Neither GCC nor clang enables float-divide-by-zero under "undefined": the numerics make inf
 #   and NaN on purpose (masked scores, injected faults). Clang's "undefined" does check
 #   float-cast-overflow (a NaN or huge double cast to an integer), which is undefined for real.
@@ -36,7 +37,7 @@ if(PARITY_SANITIZERS)
   set(GPU "off")
 
   list(JOIN PARITY_SANITIZERS "," PARITY_SANITIZERS_CSV)
-  set(PARITY_SANITIZE_FLAGS -fsanitize=${PARITY_SANITIZERS_CSV} -fno-omit-frame-pointer -g)
+  set(PARITY_SANITIZE_FLAGS -fsanitize=${PARITY_SANITIZERS_CSV} -fno-omit-frame-pointer -g1)
   if("undefined" IN_LIST PARITY_SANITIZERS)
     list(APPEND PARITY_SANITIZE_FLAGS -fno-sanitize-recover=undefined)
   endif()
