@@ -1,0 +1,184 @@
+// The `run` tool: getp and generate on the tiny model, request errors, tokenize/detokenize.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/engine.h"
+#include "engine/tiny_tokenizer.h"
+#include "model/checkpoint.h"
+#include "model/forward.h"
+#include "reference/cpu_backend.h"
+#include "tests/test_util.h"
+
+namespace parity {
+namespace {
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream s(text);
+  for (std::string line; std::getline(s, line);) lines.push_back(line);
+  return lines;
+}
+
+std::string ids_text(const std::vector<TokenId>& ids) {
+  std::string s;
+  for (TokenId id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  return s;
+}
+
+const std::vector<std::string> kPrompts = {
+    "The quick brown fox",
+    "def main():\\n    return 0",
+    "a",
+    "Numbers 12345 and more numbers 67890, then words again and again and again.",
+    "Hello, world!",
+    "x",
+    "Once upon a time there was a tiny model that could not write poems but tried anyway.",
+    "\\\\ backslash",
+};
+
+std::string request_file(const std::string& dir) {
+  std::string text;
+  for (const auto& p : kPrompts) text += p + "\n";
+  const std::string path = dir + "/requests.txt";
+  write(path, text);
+  return path;
+}
+
+TEST(EngineRun, GetpGreedyEqualsTheReferenceDecode) {
+  const std::string dir = test::temp_dir("engine-run");
+  const std::string model = test::tiny_model_dir();
+  const auto r =
+      test::run_tool("run", model + " -m getp --backend reference -n 6 --max-batch 3 -i " +
+                                request_file(dir) + " -o " + dir + "/out.txt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("TTFT p50"), std::string::npos) << r.output;
+  const auto out = lines_of(read(dir + "/out.txt"));
+  ASSERT_EQ(out.size(), kPrompts.size());
+
+  // The reference's own greedy decode through the graph, one row per step.
+  const Tokenizer tok = Tokenizer::parse(tiny_tokenizer_json(1024), "tiny");
+  const std::vector<TokenId> stops = model_stop_tokens(model, tok);
+  auto m = Model::load(model);
+  auto b = make_reference_backend(*m);
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    std::string prompt;
+    for (size_t c = 0; c < kPrompts[i].size(); ++c) {
+      if (kPrompts[i][c] == '\\') {
+        prompt += kPrompts[i][++c] == 'n' ? '\n' : '\\';
+      } else {
+        prompt += kPrompts[i][c];
+      }
+    }
+    const std::vector<TokenId> ids = tok.encode(prompt, false);
+    b->reset();
+    for (size_t p = 0; p < ids.size(); ++p) forward(*b, Batch::single(ids[p], int32_t(p)));
+    std::vector<TokenId> generated;
+    for (int n = 0; n < 6; ++n) {
+      generated.push_back(b->read(Stage::sampled, kModelLayer, 0).i32.at(0));
+      if (std::find(stops.begin(), stops.end(), generated.back()) != stops.end()) break;
+      forward(*b, Batch::single(generated.back(), int32_t(ids.size() + generated.size() - 1)));
+    }
+    EXPECT_EQ(out[i], ids_text(generated)) << "line " << i + 1;
+  }
+}
+
+TEST(EngineRun, SmallBatchKeepsOrderAndLosesNothing) {
+  const std::string dir = test::temp_dir("engine-run");
+  const std::string model = test::tiny_model_dir();
+  std::string text;
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 24; ++i) {
+    std::string p = "request " + std::to_string(i);
+    if (i % 3 == 0)
+      for (int k = 0; k < 30; ++k) p += " and a longer tail " + std::to_string(k);
+    prompts.push_back(p);
+    text += p + "\n";
+  }
+  write(dir + "/requests.txt", text);
+  const std::string common = model + " -m getp -n 5 -t 0.8 -s 7 --text -i " + dir + "/requests.txt";
+  const auto batched =
+      test::run_tool("run", common + " --max-batch 3 --step-tokens 16 -o " + dir + "/b.txt");
+  ASSERT_EQ(batched.exit_code, 0) << batched.output;
+  const auto alone = test::run_tool("run", common + " --max-batch 1 -o " + dir + "/a.txt");
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const auto b = lines_of(read(dir + "/b.txt"));
+  ASSERT_EQ(b.size(), prompts.size());
+  EXPECT_EQ(b, lines_of(read(dir + "/a.txt")));
+  for (const auto& line : b) {
+    EXPECT_EQ(line.find("ERROR"), std::string::npos) << line;
+    EXPECT_NE(line.find('\t'), std::string::npos) << line;
+  }
+  EXPECT_NE(batched.output.find("24 requests (0 failed)"), std::string::npos) << batched.output;
+}
+
+TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
+  const std::string dir = test::temp_dir("engine-run");
+  std::string long_line;
+  for (int i = 0; i < 3000; ++i) long_line += "w" + std::to_string(i) + " ";
+  write(dir + "/requests.txt",
+        "good one\n\ninvalid \xc3\x28 utf8\nbad \\q escape\n" + long_line + "\nalso good\n");
+  const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp -n 3 -i " + dir +
+                                           "/requests.txt -o " + dir + "/out.txt");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const auto out = lines_of(read(dir + "/out.txt"));
+  ASSERT_EQ(out.size(), 6u) << read(dir + "/out.txt");
+  EXPECT_EQ(out[0].find("ERROR"), std::string::npos);
+  EXPECT_EQ(out[1], "ERROR line 2: empty prompt");
+  EXPECT_EQ(out[2].rfind("ERROR line 3: invalid UTF-8", 0), 0u) << out[2];
+  EXPECT_EQ(out[3].rfind("ERROR line 4: unknown escape", 0), 0u) << out[3];
+  EXPECT_EQ(out[4].rfind("ERROR line 5: ", 0), 0u) << out[4];
+  EXPECT_NE(out[4].find("longer than the context"), std::string::npos) << out[4];
+  EXPECT_EQ(out[5].find("ERROR"), std::string::npos);
+}
+
+TEST(EngineRun, UnreadableRequestFileIsExitTwo) {
+  const std::string dir = test::temp_dir("engine-run");
+  const auto r = test::run_tool(
+      "run", test::tiny_model_dir() + " -m getp -i " + dir + "/missing.txt -o " + dir + "/out.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("run: error: cannot read the request file"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::ifstream(dir + "/out.txt").good());
+}
+
+TEST(EngineRun, GenerateStreamsText) {
+  const auto r = test::run_tool(
+      "run", test::tiny_model_dir() + " -m generate -i 'Hello there' -n 8 --harmony");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 requests (0 failed)"), std::string::npos) << r.output;
+}
+
+TEST(EngineRun, TokenizeDetokenizeRoundTrip) {
+  const std::string dir = test::temp_dir("engine-tok");
+  const auto synth = test::run_tool("parity-synth", "--preset tiny --tokenizer-only --out " + dir);
+  ASSERT_EQ(synth.exit_code, 0) << synth.output;
+  const std::string text = "Round trip: caf\xc3\xa9, 42 numbers,\n\ttabs and \xf0\x9f\x99\x82.\n";
+  write(dir + "/text.txt", text);
+  const auto t =
+      test::run_tool("run", dir + " -m tokenize -i " + dir + "/text.txt -o " + dir + "/ids.txt");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_FALSE(read(dir + "/ids.txt").empty());
+  const auto d =
+      test::run_tool("run", dir + " -m detokenize -i " + dir + "/ids.txt -o " + dir + "/back.txt");
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_EQ(read(dir + "/back.txt"), text);
+  write(dir + "/bad.txt", "1 2 x3");
+  const auto bad = test::run_tool("run", dir + " -m detokenize -i " + dir + "/bad.txt");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+}
+
+}  // namespace
+}  // namespace parity
