@@ -161,6 +161,39 @@ TEST(EngineRun, GenerateStreamsText) {
   EXPECT_NE(r.output.find("1 requests (0 failed)"), std::string::npos) << r.output;
 }
 
+TEST(EngineRun, GenerateWithATooLongPromptIsExitOne) {
+  std::string prompt;
+  for (int i = 0; i < 3000; ++i) prompt += "w" + std::to_string(i) + " ";
+  const auto r =
+      test::run_tool("run", test::tiny_model_dir() + " -m generate -n 2 -i '" + prompt + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.output.substr(0, 400);
+  EXPECT_NE(r.output.find("run: request failed: "), std::string::npos) << r.output.substr(0, 400);
+  EXPECT_NE(r.output.find("longer than the context"), std::string::npos);
+}
+
+TEST(EngineRun, BadSamplingValuesAreExitTwo) {
+  for (const std::string flags : {"--top-p 0", "--top-p 1.5", "--top-k -2"}) {
+    const auto r =
+        test::run_tool("run", test::tiny_model_dir() + " -m generate -i hi -n 2 " + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
+    EXPECT_NE(r.output.find("run: error: "), std::string::npos) << flags << ": " << r.output;
+  }
+}
+
+TEST(EngineRun, TheTinyPresetGetsItsTokenizerWritten) {
+  const std::string models = test::temp_dir("engine-models");
+  const auto r =
+      test::run_tool("run", "tiny --models-dir " + models + " -m generate -i hello -n 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::ifstream(models + "/tiny/tokenizer.json").good());
+  // The second run reads the written file and generates the same.
+  const auto again =
+      test::run_tool("run", "tiny --models-dir " + models + " -m generate -i hello -n 3");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(r.output.substr(0, r.output.find("run: ")),
+            again.output.substr(0, again.output.find("run: ")));
+}
+
 TEST(EngineRun, TokenizeDetokenizeRoundTrip) {
   const std::string dir = test::temp_dir("engine-tok");
   const auto synth = test::run_tool("parity-synth", "--preset tiny --tokenizer-only --out " + dir);
