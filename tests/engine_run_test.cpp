@@ -144,6 +144,24 @@ TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
   EXPECT_EQ(out[5].find("ERROR"), std::string::npos);
 }
 
+TEST(EngineRun, ContextFlagLimitsPromptAndGeneration) {
+  const std::string dir = test::temp_dir("engine-run");
+  write(dir + "/requests.txt", "hi\none two three four five six seven eight nine ten eleven\n");
+  const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp -n 50 --context 8 -i " +
+                                           dir + "/requests.txt -o " + dir + "/out.txt");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const auto out = lines_of(read(dir + "/out.txt"));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[1].rfind("ERROR line 2: ", 0), 0u) << out[1];
+  EXPECT_NE(out[1].find("context of 8 positions"), std::string::npos) << out[1];
+  // "hi" is one or two tokens: the rest of the 8 positions, plus the token sampled at the last.
+  std::stringstream ids(out[0]);
+  int n = 0;
+  for (std::string id; ids >> id;) ++n;
+  EXPECT_GE(n, 1);
+  EXPECT_LE(n, 8);
+}
+
 TEST(EngineRun, UnreadableRequestFileIsExitTwo) {
   const std::string dir = test::temp_dir("engine-run");
   const auto r = test::run_tool(

@@ -98,7 +98,7 @@ std::vector<TokenId> parse_ids(const std::string& text, const std::string& path)
 struct RunFlags {
   std::string model, models_dir, mode = "generate", input, output, backend = "cpu-f32";
   bool text = false, harmony = false, allow_special = false;
-  int max_tokens = 128, max_batch = 16, step_tokens = 256;
+  int max_tokens = 128, max_batch = 16, step_tokens = 256, context = 0;
   SamplingParams sampling;
 };
 
@@ -141,6 +141,7 @@ EngineOptions engine_options(const RunFlags& f, const Loaded& l) {
   o.limits.max_batch = f.max_batch;
   o.limits.step_tokens = f.step_tokens;
   o.max_tokens = f.max_tokens;
+  o.context = f.context;
   o.sampling = f.sampling;
   o.stop_tokens = model_stop_tokens(l.model->dir, *l.tokenizer);
   return o;
@@ -262,6 +263,10 @@ int run_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--step-tokens", f.step_tokens, "rows per step at most (prefill chunks)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--context", f.context,
+                 "positions per sequence, prompt and generation (0: the model's context)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--harmony", f.harmony, "wrap each prompt as a harmony user message");
   app.add_flag("--allow-special", f.allow_special,
