@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "tests/test_util.h"
+#include "tracer/trace_file.h"
 
 namespace parity {
 namespace {
@@ -148,15 +149,20 @@ TEST(Tools, DiffSelectsStagesLayersPositionsAndPaths) {
 }
 
 // --tokens: an empty value is an error, not a token 0; a value out of int32 is an error, not
-// wrapped.
+// wrapped; ids are decimal ("051" is 51, not octal 41).
 TEST(Tools, TokenListsRefuseEmptyAndOutOfRangeValues) {
-  for (const char* bad : {"1,,2", "1 '' 3", "1,2,", "4294967297", "-2147483649", "1,x"}) {
+  for (const char* bad : {"1,,2", "1 '' 3", "1,2,", "4294967297", "-2147483649", "1,x", "0x10", "+-1", "1e3"}) {
     const auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
                                                       " --candidate cpu-f32 --tokens " + bad +
                                                       " --out " + test::temp_dir("tokens"));
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
     EXPECT_EQ(lines(r.output), 1u) << bad << ": " << r.output;
   }
+  const std::string dir = test::temp_dir("tokens-decimal");
+  const auto ok = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                     " --candidate cpu-f32 --tokens 051,3 --out " + dir);
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_EQ(TraceReader(dir + "/reference.h5").meta().tokens, (std::vector<int32_t>{51, 3}));
 }
 
 TEST(Tools, GoldenCompareNeedsNumbers) {

@@ -265,8 +265,9 @@ std::string stage_names_text() {
 CLI::Option* add_token_list_option(CLI::App& app, const std::string& name,
                                    std::vector<int32_t>& tokens, const std::string& help) {
   // The raw arguments, split here rather than by CLI11's delimiter (which drops empty parts, so
-  // "1,,2" would pass as 1,2); each part converted by CLI11's own lexical_cast, which refuses
-  // what does not fit an int32.
+  // "1,,2" would pass as 1,2), each part read as a decimal int32 with std::from_chars: CLI11's
+  // integer conversion reads a leading 0 as octal ("051" became 41; found by fuzz/cli_fuzz.cpp)
+  // and takes 0x and 0b prefixes, and a token id is a decimal number.
   return app.add_option_function<std::vector<std::string>>(
       name,
       [&tokens, name](const std::vector<std::string>& args) {
@@ -278,8 +279,9 @@ CLI::Option* add_token_list_option(CLI::App& app, const std::string& name,
             const std::string part = arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
             int32_t id = 0;
             if (part.empty()) throw CLI::ValidationError(name, "an empty token id in " + quoted(arg, 60));
-            if (!CLI::detail::lexical_cast(part, id))
-              throw CLI::ValidationError(name, quoted(part, 40) + " is not a token id (an integer of 32 bits)");
+            const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), id, 10);
+            if (ec != std::errc() || end != part.data() + part.size())
+              throw CLI::ValidationError(name, quoted(part, 40) + " is not a token id (a decimal integer of 32 bits)");
             tokens.push_back(id);
             if (comma == std::string::npos) break;
             start = comma + 1;
