@@ -8,8 +8,8 @@
 #include "engine/tiny_tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/forward.h"
-#include "reference/cpu_backend.h"
 #include "tests/test_util.h"
+#include "tools/common.h"
 
 namespace parity {
 namespace {
@@ -20,8 +20,7 @@ const Model& tiny_model() {
 }
 
 std::unique_ptr<Backend> backend(const std::string& name) {
-  return name == "reference" ? make_reference_backend(tiny_model())
-                             : make_cpu_f32_backend(tiny_model());
+  return make_backend(name, tiny_model());
 }
 
 // Prompts of assorted lengths (1 to 40 tokens) in the tiny vocabulary.
@@ -84,6 +83,8 @@ TEST(EngineBatch, GreedyEqualsTheReferenceDecode) {
 class EngineBatchInvariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineBatchInvariance, AloneOrBatchedGivesTheSameTokens) {
+  if (const std::string why = test::candidate_unavailable(GetParam()); !why.empty())
+    GTEST_SKIP() << why;
   for (const double temperature : {0.0, 0.9}) {
     SCOPED_TRACE(::testing::Message() << "temperature " << temperature);
     EngineOptions o;
@@ -118,8 +119,8 @@ TEST_P(EngineBatchInvariance, AloneOrBatchedGivesTheSameTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuBackends, EngineBatchInvariance,
-                         ::testing::Values("reference", "cpu-f32"));
+INSTANTIATE_TEST_SUITE_P(Backends, EngineBatchInvariance,
+                         ::testing::Values("reference", "cpu-f32", "hip"));
 
 TEST(EngineBatch, StopsAtMaxTokensAndContext) {
   auto b = backend("cpu-f32");
