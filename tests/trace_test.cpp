@@ -944,8 +944,9 @@ TEST(TraceFile, FifosAndDevicesAreRefused) {
 }
 
 // Class 6: indexing is one pass per group (H5Literate); indexing by position number was
-// quadratic in the positions. 4,000 positions index in well under a second; 5 s leaves room for
-// a loaded CI machine.
+// quadratic in the positions (4,000 positions took 51 s). Now well under a second (0.54 s on
+// the 2-core CI machine; docs/measurements.md); the 20 s limit only tells linear from quadratic
+// and leaves room for a loaded machine and the sanitizers.
 TEST(TraceFile, IndexingIsLinearInThePositions) {
   const Config c = small_config();
   TempDir dir;
@@ -966,7 +967,7 @@ TEST(TraceFile, IndexingIsLinearInThePositions) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("indexed %d positions (%zu datasets) in %.3f s\n", kPositions, r.entries().size(), seconds);
   ASSERT_EQ(r.entries().size(), size_t(2 * kPositions));
-  EXPECT_LT(seconds, 5.0);
+  EXPECT_LT(seconds, 20.0);
   EXPECT_EQ(r.entries().back().path, fmt::format("/pos_{}/layer_1/topk_idx", kPositions - 1));
   for (size_t i = 1; i < r.entries().size(); ++i)
     ASSERT_LE(std::tie(r.entries()[i - 1].key.position, r.entries()[i - 1].key.order),
