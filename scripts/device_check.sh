@@ -9,7 +9,8 @@
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench (default: all)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
-# CUDA_ARCH / HIP_ARCH (90 / gfx90a).
+# CUDA_ARCH / HIP_ARCH (90 / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
+# lacks, from scripts/device_deps.sh, used when present).
 # Every step logs to LOG_DIR/<step>.log and prints a one-line summary; the script stops at the
 # first failing step.
 set -euo pipefail
@@ -21,6 +22,18 @@ LOG_DIR="${LOG_DIR:-${OUT:-device-logs}}"
 MODELS_DIR="${MODELS_DIR:-/tmp/parity-models}"
 JOBS="$(nproc)"
 mkdir -p "$LOG_DIR"
+# The libraries the GPU machine lacks, when carried (scripts/device_deps.sh).
+DEPS_DIR="${DEPS_DIR:-build-devdeps}"
+if [ -d "$DEPS_DIR/lib" ]; then
+  DEPS_DIR="$(cd "$DEPS_DIR" && pwd)"
+  (cd "$DEPS_DIR/lib" && ln -sf libxxhash.so.0.8.1 libxxhash.so.0 && ln -sf libxxhash.so.0 libxxhash.so &&
+    ln -sf libpugixml.so.1.13 libpugixml.so.1 && ln -sf libpugixml.so.1 libpugixml.so &&
+    ln -sf libpcre2-8.so.0.11.2 libpcre2-8.so.0 && ln -sf libpcre2-8.so.0 libpcre2-8.so)
+  sed -i "s|@PREFIX@|$DEPS_DIR|" "$DEPS_DIR"/lib/pkgconfig/*.pc
+  export CMAKE_PREFIX_PATH="$DEPS_DIR${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export PKG_CONFIG_PATH="$DEPS_DIR/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="$DEPS_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build tests sanitize tiny hf 20b 20b-real replay-cost bench)
 bin="$BUILD_DIR/bin"
