@@ -16,15 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/fuzz_check.h"
 #include "model/error.h"
 #include "tools/common.h"
 
 namespace {
-
-#define FUZZ_REQUIRE(cond)         \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 bool finite_nonnegative(const parity::AbsRel& t) {
   return std::isfinite(t.atol) && std::isfinite(t.rtol) && t.atol >= 0 && t.rtol >= 0;

@@ -14,28 +14,18 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz/fuzz_check.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/untrusted.h"
 
 namespace {
 
+using parity::fuzz::check_message;
+
 using parity::Config;
 using parity::ConfigLimits;
 using parity::Rope;
-
-#define FUZZ_REQUIRE(cond)         \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
-
-// One line, and short: quoted() caps what an untrusted value contributes (escapes can make a
-// capped value up to 4x longer than its cap, hence the margin).
-void check_message(const parity::Error& e) {
-  const std::string_view m = e.what();
-  FUZZ_REQUIRE(!m.empty() && m.size() < 1024);
-  FUZZ_REQUIRE(m.find('\n') == std::string_view::npos);
-}
 
 bool within(int v, int max) { return v >= 1 && v <= max; }
 

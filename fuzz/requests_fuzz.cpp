@@ -11,15 +11,7 @@
 #include <string_view>
 
 #include "engine/requests.h"
-
-namespace {
-
-#define FUZZ_REQUIRE(cond)         \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
-
-}  // namespace
+#include "fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

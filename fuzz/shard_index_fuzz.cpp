@@ -23,25 +23,17 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz/fuzz_check.h"
 #include "model/error.h"
 #include "model/safetensors.h"
 
 namespace {
 
+using parity::fuzz::check_message;
+
 namespace fs = std::filesystem;
 using parity::DType;
 using parity::SafetensorsWriter;
-
-#define FUZZ_REQUIRE(cond)         \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
-
-void check_message(const parity::Error& e) {
-  const std::string_view m = e.what();
-  FUZZ_REQUIRE(!m.empty() && m.size() < 1024);
-  FUZZ_REQUIRE(m.find('\n') == std::string_view::npos);
-}
 
 void write_shard(const std::string& path, const std::vector<SafetensorsWriter::Decl>& decls,
                  const std::string& bytes) {

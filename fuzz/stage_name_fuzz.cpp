@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "fuzz/fuzz_check.h"
 #include "model/backend.h"
 #include "model/error.h"
 #include "model/injection.h"
@@ -24,11 +25,6 @@ using parity::Config;
 using parity::Injection;
 using parity::Stage;
 using parity::StageData;
-
-#define FUZZ_REQUIRE(cond) \
-  do {                     \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 // Two layer counts, so that a layer valid for one model is out of range for the other. Built
 // once: per-input state would be allocation noise for the leak and rss checks.

@@ -16,17 +16,7 @@ build="$root/build-asan"
 packages=()
 eval "$(sed -n '/^packages=(/,/)/p' scripts/setup.sh)"
 [ ${#packages[@]} -gt 0 ] || { echo "sanitize: no package list found in scripts/setup.sh"; exit 2; }
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  echo "installing: ${missing[*]}"
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+bash scripts/install_packages.sh "${packages[@]}"
 
 # Every sanitizer report of every process (the test binary, the tools it runs, and the test
 # listing that gtest_discover_tests runs at build time) goes to a file of its own here, named
