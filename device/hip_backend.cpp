@@ -1,5 +1,6 @@
-// The `hip` backend over the forward graph (model/forward.h): one launcher per stage call, or
-// none where an earlier fused kernel already wrote the stage's output, on the device runtime
+// The `hip` backend over the forward graph (model/forward.h): each stage call runs that stage's
+// kernels (device/stage_launch.h, shared with the production engine), or none where an earlier
+// fused kernel already wrote the stage's output, on the device runtime
 // (device/runtime/runtime.h), which owns the weights, activations, KV cache and the step. Host
 // code, compiled by the host compiler; the kernels live in the .hip files behind
 // device/kernels.h.
@@ -22,6 +23,7 @@
 #include "device/hip_compat.h"
 #include "device/kernels.h"
 #include "device/runtime/runtime.h"
+#include "device/stage_launch.h"
 #include "model/error.h"
 
 namespace parity {
@@ -54,18 +56,12 @@ class HipBackend final : public Backend {
  private:
   float* out(Stage s) const { return rt_.arena().out(s); }
   int32_t* index_out(Stage s) const { return rt_.arena().index_out(s); }
-  int32_t* topk_idx() const { return index_out(Stage::topk_idx); }
   float* row_ptr(Stage s, int row) const {
     if (info(s).shape == Shape::keys)
       return (s == Stage::scores ? rt_.arena().scores() : rt_.arena().att()) +
              rt_.step().host().rows[size_t(row)].scores_offset;
     return out(s) + size_t(row) * stage_row_floats(c_, s);
   }
-  // Input of the layer's attention block: the embedding, or the previous layer's resid_ffn.
-  float* residual_in(int layer) const {
-    return out(layer == 0 ? Stage::embedding : Stage::resid_ffn);
-  }
-  void gemv(const DeviceLinear& l, Stage in, Stage out_stage, GemvResidual residual = {});
   void check_row(const char* what, Stage s, int layer, int row) const;
 
   DeviceRuntime rt_;
@@ -85,29 +81,14 @@ void HipBackend::begin_step(const Batch& b) {
   overwritten_.reset();
 }
 
-void HipBackend::gemv(const DeviceLinear& l, Stage in, Stage out_stage, GemvResidual residual) {
-  const GemvSegment seg{l.w, l.bias, 0};
-  launch_f32_gemv_bias(std::span<const GemvSegment>(&seg, 1), out(in), l.w.cols, batch_.rows(),
-                       out(out_stage), l.w.rows, residual, rt_.stream());
-}
-
 void HipBackend::run(Stage s, int layer) {
   if (batch_.rows() == 0) fail("hip backend: run({}) before begin_step", parity::name(s));
   if (is_model_scope(s) ? layer != kModelLayer : (layer < 0 || layer >= c_.num_hidden_layers))
     fail("hip backend: run({}) at layer {}: out of range", parity::name(s), layer);
-  const int B = batch_.rows();
-  const int H = c_.hidden_size, k = c_.num_experts_per_tok, I = c_.intermediate_size;
-  const float alpha = float(c_.swiglu_alpha), limit = float(c_.swiglu_limit);
-  const float eps = float(c_.rms_norm_eps);
-  const hipStream_t st = rt_.stream();
-  const StepRow* rows = rt_.step().device_rows();
-  const int max_pos = rt_.step().max_pos();
-  const DeviceWeights& w = rt_.weights();
-  const DeviceLayer* L = layer >= 0 ? &w.layer(layer) : nullptr;
-  const ActivationArena& arena = rt_.arena();
   ran_.set(size_t(s));
   ran_layer_[size_t(s)] = layer;
-  const bool stale = [&] {  // was the fused producer of this stage overwritten after it ran?
+  // Was the fused producer of this stage overwritten after it ran? Then the stage recomputes.
+  const bool stale = [&] {
     switch (s) {
       case Stage::resid_attn:
         return overwritten_.test(size_t(Stage::o_proj));
@@ -122,100 +103,7 @@ void HipBackend::run(Stage s, int layer) {
     }
   }();
   overwritten_.reset(size_t(s));
-
-  switch (s) {
-    case Stage::embedding:
-      launch_f32_embedding_gather(w.embed(), rows, B, out(s), st);
-      break;
-    case Stage::attn_norm:
-      launch_f32_rmsnorm(residual_in(layer), L->attn_norm.type, L->attn_norm.data, B, H, eps,
-                         out(s), st);
-      break;
-    case Stage::qkv: {
-      const int qd = c_.q_dim(), kvd = c_.kv_dim();
-      const GemvSegment segs[3] = {
-          {L->q.w, L->q.bias, 0}, {L->k.w, L->k.bias, qd}, {L->v.w, L->v.bias, qd + kvd}};
-      launch_f32_gemv_bias(segs, out(Stage::attn_norm), H, B, out(s), c_.qkv_dim(), {}, st);
-      break;
-    }
-    case Stage::q_rope:
-      launch_f32_qkv_split_yarn_rope(out(Stage::qkv), rows, B, c_.num_attention_heads,
-                                     c_.num_key_value_heads, c_.head_dim, w.inv_freq(),
-                                     w.concentration(), out(Stage::q_rope), out(Stage::k_rope),
-                                     out(Stage::v), st);
-      break;
-    case Stage::k_rope:
-    case Stage::v:
-      break;  // written by q_rope's kernel
-    case Stage::scores: {
-      const AttentionShape a = rt_.attention_shape(layer);
-      const KvCacheView kv = rt_.kv_view();
-      launch_f32_kv_cache_append(a, kv, rows, B, out(Stage::k_rope), out(Stage::v), st);
-      launch_f32_attention_scores(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
-                                  arena.scores(), st);
-      break;
-    }
-    case Stage::att:
-      launch_f32_softmax_with_sink(c_.num_attention_heads, rows, B, arena.scores(), arena.att(),
-                                   st);
-      break;
-    case Stage::attn_out:
-      launch_f32_attention_pv(rt_.attention_shape(layer), rt_.kv_view(), rows, B, max_pos,
-                              arena.att(), arena.workspace(), out(s), st);
-      break;
-    case Stage::o_proj:
-      gemv(L->o, Stage::attn_out, s, {residual_in(layer), out(Stage::resid_attn), H});
-      break;
-    case Stage::resid_attn:
-      if (stale) launch_f32_add(residual_in(layer), out(Stage::o_proj), int64_t(B) * H, out(s), st);
-      break;
-    case Stage::ffn_norm:
-      launch_f32_rmsnorm(out(Stage::resid_attn), L->ffn_norm.type, L->ffn_norm.data, B, H, eps,
-                         out(s), st);
-      break;
-    case Stage::router:
-      gemv(L->router, Stage::ffn_norm, s);
-      break;
-    case Stage::topk_idx:
-      launch_f32_router_topk_softmax(out(Stage::router), B, c_.num_local_experts, k, true,
-                                     topk_idx(), out(Stage::topk_w), st);
-      break;
-    case Stage::topk_w:
-      if (stale)
-        launch_f32_router_topk_softmax(out(Stage::router), B, c_.num_local_experts, k, false,
-                                       topk_idx(), out(s), st);
-      break;
-    case Stage::mlp1:
-      launch_f32_moe_gemv(L->mlp1, topk_idx(), B, k, out(Stage::ffn_norm), H, 0, out(s),
-                          out(Stage::swiglu), alpha, limit, st);
-      break;
-    case Stage::swiglu:
-      if (stale) launch_f32_swiglu(out(Stage::mlp1), B * k, I, alpha, limit, out(s), st);
-      break;
-    case Stage::mlp2:
-      launch_f32_moe_gemv(L->mlp2, topk_idx(), B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
-                          alpha, limit, st);
-      break;
-    case Stage::moe_out:
-      launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H,
-                                           out(Stage::resid_attn), out(s), out(Stage::resid_ffn),
-                                           st);
-      break;
-    case Stage::resid_ffn:
-      if (stale)
-        launch_f32_add(out(Stage::resid_attn), out(Stage::moe_out), int64_t(B) * H, out(s), st);
-      break;
-    case Stage::final_norm:
-      launch_f32_rmsnorm(out(Stage::resid_ffn), w.final_norm().type, w.final_norm().data, B, H, eps,
-                         out(s), st);
-      break;
-    case Stage::logits:
-      gemv({w.lm_head(), nullptr}, Stage::final_norm, s);
-      break;
-    case Stage::sampled:
-      launch_f32_argmax(out(Stage::logits), B, c_.vocab_size, index_out(s), st);
-      break;
-  }
+  launch_stage(rt_, s, layer, stale);
 }
 
 void HipBackend::check_row(const char* what, Stage s, int layer, int row) const {

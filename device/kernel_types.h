@@ -83,6 +83,18 @@ struct AttentionShape {
   float scale = 0;      // 1 / sqrt(head_dim)
 };
 
+// Sampling parameters of one row (launch_f32_sample), as engine/sampler.h defines them:
+// greedy when temperature <= 0 or top_k == 1; top_k 0 and top_p >= 1 turn the cuts off. The
+// generator's keys are the request's seed, id and draw index.
+struct SampleParams {
+  double temperature = 0;
+  int top_k = 0;
+  double top_p = 1;
+  uint64_t seed = 0;
+  uint64_t request = 0;
+  uint64_t step = 0;
+};
+
 // The attention output kernel splits the key axis in chunks: at most 64 splits per row whatever
 // the context (a bounded workspace), at least 256 keys each.
 inline int attention_split_keys(int max_context) {

@@ -9,7 +9,7 @@
 // a row's result does not depend on the other rows of the batch or on the run.
 //
 // Files (same base names as reference/): embedding.hip, rmsnorm.hip, linear.hip, rope.hip,
-// attention.hip, router.hip, experts.hip, swiglu.hip, residual.hip, sampled.hip.
+// attention.hip, router.hip, experts.hip, swiglu.hip, residual.hip, sampled.hip, sample.hip.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -32,6 +32,11 @@ int compiled_warp_size(hipStream_t stream);
 // embedding: x (B, H) = float(table[token_r]) for each row (no scaling). table [V, H].
 void launch_f32_embedding_gather(const Matrix& table, const StepRow* rows, int batch, float* x,
                                  hipStream_t stream);
+
+// row gather: y[i] (n,) = x[rows[i]] (n,) for i < count; rows (device, count entries) index
+// x's rows. The engine's epilogue (final_norm, logits) runs on the sampled rows only.
+void launch_f32_gather_rows(const float* x, const int32_t* rows, int count, int n, float* y,
+                            hipStream_t stream);
 
 // rmsnorm: y (B, n) = x / sqrt(mean(x^2) + eps) * weight, weight (n,) in its checkpoint dtype.
 // (gpt_oss/torch/model.py RMSNorm; the order (x * inv) * weight as in reference/rmsnorm.cpp)
@@ -126,5 +131,15 @@ void launch_f32_add(const float* a, const float* b, int64_t count, float* y, hip
 // NaN never wins unless every value is NaN (then 0). (reference/sampled.cpp)
 void launch_f32_argmax(const float* logits, int batch, int vocab, int32_t* token,
                        hipStream_t stream);
+
+// sampling: tokens[b] = the token engine/sampler.h defines for row b (logits + b * ld, vocab
+// values) under params[b] (device memory, one per row): greedy rows as launch_f32_argmax; other
+// rows by exact integer selection over the 64-bit order keys (top-k, then the top-p prefix by
+// cumulative fixed-point weight, then the draw), with integer histograms only, so the token does
+// not depend on the batch or the run. batch <= kMaxSampleBatch, vocab <= kMaxSampleVocab.
+inline constexpr int kMaxSampleBatch = 65535;
+inline constexpr int kMaxSampleVocab = 1 << 23;  // weights sum exactly in uint64 (2^23 * 2^40)
+void launch_f32_sample(const float* logits, int ld, int batch, int vocab,
+                       const SampleParams* params, int32_t* tokens, hipStream_t stream);
 
 }  // namespace parity::device

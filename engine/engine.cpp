@@ -8,23 +8,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "device/runtime/kv_blocks.h"
+#include "engine/graph_runner.h"
 #include "engine/harmony.h"
 #include "model/error.h"
-#include "model/forward.h"
 
 namespace parity {
-
-const char* finish_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::stop:
-      return "stop";
-    case FinishReason::length:
-      return "length";
-    case FinishReason::context:
-      return "context";
-  }
-  return "?";
-}
 
 double EngineStats::ttft_percentile(double q) const {
   if (ttft_seconds.empty()) return 0;
@@ -34,16 +23,52 @@ double EngineStats::ttft_percentile(double q) const {
   return v[std::clamp(rank, size_t(1), v.size()) - 1];
 }
 
+void EngineStats::merge(const EngineStats& o) {
+  requests += o.requests;
+  failed += o.failed;
+  prompt_tokens += o.prompt_tokens;
+  generated_tokens += o.generated_tokens;
+  prefill_rows += o.prefill_rows;
+  decode_rows += o.decode_rows;
+  steps += o.steps;
+  wall_seconds = std::max(wall_seconds, o.wall_seconds);
+  prefill_seconds += o.prefill_seconds;
+  decode_seconds += o.decode_seconds;
+  ttft_seconds.insert(ttft_seconds.end(), o.ttft_seconds.begin(), o.ttft_seconds.end());
+}
+
+Engine::Engine(StepRunner& runner, const EngineOptions& options)
+    : runner_(runner), options_(options) {
+  init();
+}
+
 Engine::Engine(Backend& backend, const EngineOptions& options)
-    : backend_(backend), options_(options) {
+    : owned_runner_(std::make_unique<GraphRunner>(backend)),
+      runner_(*owned_runner_),
+      options_(options) {
+  init();
+}
+
+Engine::~Engine() = default;
+
+void Engine::init() {
   options_.sampling.validate();
   if (options_.max_tokens < 1) fail("--max-tokens {}: at least one token", options_.max_tokens);
-  const int model_context = backend_.config().max_position_embeddings;
-  context_ = options_.context == 0 ? model_context : options_.context;
-  if (context_ < 1 || context_ > model_context)
-    fail("context of {} positions: the model has {}", context_, model_context);
+  const int runner_context = runner_.max_context();
+  context_ = options_.context == 0 ? runner_context : options_.context;
+  if (context_ < 1 || context_ > runner_context)
+    fail("context of {} positions: {} holds {}", context_, runner_.name(), runner_context);
   Scheduler check(options_.limits);  // validates the limits
   (void)check;
+  options_.limits.step_tokens = std::max(options_.limits.step_tokens, options_.limits.max_batch);
+}
+
+int Engine::reserve_blocks(size_t prompt_length) const {
+  if (runner_.kv_blocks() == 0) return 0;
+  const device::KvLayout layout = device::KvLayout::of(runner_.config(), runner_.kv_block_size());
+  const int64_t positions =
+      std::min<int64_t>(int64_t(prompt_length) + options_.max_tokens, context_);
+  return layout.blocks_per_sequence(int(positions), options_.limits.step_tokens);
 }
 
 std::string Engine::check_prompt(const std::vector<TokenId>& prompt) const {
@@ -51,67 +76,120 @@ std::string Engine::check_prompt(const std::vector<TokenId>& prompt) const {
   if (prompt.size() > size_t(context_))
     return fmt::format("{} prompt tokens, longer than the context of {} positions", prompt.size(),
                        context_);
-  const int vocab = backend_.config().vocab_size;
+  const int vocab = runner_.config().vocab_size;
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= vocab)
       return fmt::format("token {} at index {} is outside the model's vocabulary of {}", prompt[i],
                          i, vocab);
+  if (const int need = reserve_blocks(prompt.size()); need > runner_.kv_blocks())
+    return fmt::format(
+        "needs {} KV-cache blocks ({} prompt tokens + {} to generate), more than the {} the cache "
+        "holds (raise --kv-memory, or lower --max-tokens)",
+        need, prompt.size(), options_.max_tokens, runner_.kv_blocks());
   return "";
 }
 
-std::vector<EngineResult> Engine::run(const std::vector<EngineRequest>& requests,
-                                      const TokenCallback& on_token) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_point start,
+                 int worker) {
   const auto since_start = [&] {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
   stats_ = EngineStats{};
-  stats_.requests = requests.size();
-  stats_.ttft_seconds.assign(requests.size(), 0);
-  std::vector<EngineResult> results(requests.size());
-
   Scheduler scheduler(options_.limits);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const std::string why = check_prompt(requests[i].prompt);
-    if (!why.empty()) fail("request {}: {}", requests[i].id, why);
-    stats_.prompt_tokens += int64_t(requests[i].prompt.size());
-    scheduler.enqueue(i, requests[i].prompt);
-  }
-  backend_.reset();
-  std::vector<double> logits;
-  while (!scheduler.idle()) {
-    scheduler.admit();
+  // Per slot: the request's index in the source, its id, its result so far, its KV reservation.
+  struct Running {
+    size_t index = 0;
+    uint64_t id = 0;
+    EngineResult result;
+    int blocks = 0;
+  };
+  std::vector<Running> slots(size_t(options_.limits.max_batch));
+  Running waiting;  // taken from the source, not admitted yet (at most one)
+  int reserved = 0;
+  bool exhausted = false;
+  runner_.reset();
+  std::vector<RowSample> samples;
+  while (true) {
+    // Take requests one at a time while the next can start at once: a free slot and room in the
+    // KV cache (the source may be shared by other engines: take none that would only wait).
+    while (true) {
+      if (scheduler.waiting() == 0) {
+        if (exhausted || scheduler.full()) break;
+        std::optional<WorkItem> item = source.next();
+        if (!item) {
+          exhausted = true;
+          break;
+        }
+        ++stats_.requests;
+        std::string why = check_prompt(item->request.prompt);
+        if (!why.empty()) {
+          EngineResult r;
+          r.finish = FinishReason::error;
+          r.error = std::move(why);
+          r.worker = worker;
+          ++stats_.failed;
+          source.done(item->index, std::move(r));
+          continue;
+        }
+        stats_.prompt_tokens += int64_t(item->request.prompt.size());
+        waiting.index = item->index;
+        waiting.id = item->request.id;
+        waiting.blocks = reserve_blocks(item->request.prompt.size());
+        waiting.result = EngineResult{};
+        waiting.result.worker = worker;
+        scheduler.enqueue(item->index, std::move(item->request.prompt));
+      }
+      const std::vector<int> admitted = scheduler.admit([&](const ScheduledSequence&) {
+        return runner_.kv_blocks() == 0 || reserved + waiting.blocks <= runner_.kv_blocks();
+      });
+      if (admitted.empty()) break;  // waits for a running sequence to end
+      reserved += waiting.blocks;
+      slots[size_t(admitted.front())] = std::move(waiting);
+    }
+    if (scheduler.idle()) {
+      if (exhausted) break;
+      continue;
+    }
     StepPlan plan = scheduler.plan();
     PARITY_CHECK(plan.batch.rows() > 0, "a step with no rows and {} sequences running",
                  scheduler.running());
     const auto step_start = Clock::now();
-    forward(backend_, plan.batch);
+    samples.clear();
     for (const StepPlan::Sample& s : plan.samples) {
-      ScheduledSequence& seq = scheduler.sequence(s.slot);
-      const StageData row = backend_.read(Stage::logits, kModelLayer, s.row);
-      logits.resize(row.size());
-      for (size_t i = 0; i < row.size(); ++i) logits[i] = row.at(i);
-      EngineResult& result = results[seq.request];
-      const uint64_t step = result.generated.size();
-      const TokenId token = sample_token(logits, options_.sampling, requests[seq.request].id, step);
-      if (result.generated.empty()) stats_.ttft_seconds[seq.request] = since_start();
-      result.generated.push_back(token);
+      const Running& r = slots[size_t(s.slot)];
+      samples.push_back({s.row, r.id, uint64_t(r.result.generated.size())});
+    }
+    const std::vector<TokenId> tokens = runner_.step(plan.batch, samples, options_.sampling);
+    PARITY_CHECK(tokens.size() == plan.samples.size(), "{} tokens for {} samples", tokens.size(),
+                 plan.samples.size());
+    for (size_t i = 0; i < plan.samples.size(); ++i) {
+      const int slot = plan.samples[i].slot;
+      ScheduledSequence& seq = scheduler.sequence(slot);
+      Running& r = slots[size_t(slot)];
+      const TokenId token = tokens[i];
+      if (r.result.generated.empty()) {
+        r.result.ttft_seconds = since_start();
+        stats_.ttft_seconds.push_back(r.result.ttft_seconds);
+      }
+      r.result.generated.push_back(token);
       ++stats_.generated_tokens;
-      if (on_token) on_token(seq.request, token);
+      if (on_token) on_token(r.index, token);
       const bool stop = std::find(options_.stop_tokens.begin(), options_.stop_tokens.end(),
                                   token) != options_.stop_tokens.end();
-      const bool length = int(result.generated.size()) >= options_.max_tokens;
+      const bool length = int(r.result.generated.size()) >= options_.max_tokens;
       // The new token would run at position tokens.size() (before the append): past the end?
       const bool full = seq.tokens.size() >= size_t(context_);
       if (stop || length || full) {
-        result.finish = stop     ? FinishReason::stop
-                        : length ? FinishReason::length
-                                 : FinishReason::context;
-        result.ttft_seconds = stats_.ttft_seconds[seq.request];
-        scheduler.retire(s.slot);
+        r.result.finish = stop     ? FinishReason::stop
+                          : length ? FinishReason::length
+                                   : FinishReason::context;
+        scheduler.retire(slot);
+        runner_.release(slot);
+        reserved -= r.blocks;
+        source.done(r.index, std::move(r.result));
+        r = Running{};
       } else {
-        scheduler.append(s.slot, token);
+        scheduler.append(slot, token);
       }
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
@@ -123,7 +201,16 @@ std::vector<EngineResult> Engine::run(const std::vector<EngineRequest>& requests
     ++stats_.steps;
   }
   stats_.wall_seconds = since_start();
-  return results;
+}
+
+std::vector<EngineResult> Engine::run(const std::vector<EngineRequest>& requests,
+                                      const TokenCallback& on_token) {
+  for (const EngineRequest& r : requests)
+    if (const std::string why = check_prompt(r.prompt); !why.empty())
+      fail("request {}: {}", r.id, why);
+  LocalQueue queue(requests);
+  run(queue, on_token);
+  return queue.take_results();
 }
 
 std::vector<TokenId> model_stop_tokens(const std::string& model_dir, const Tokenizer& tokenizer) {

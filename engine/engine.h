@@ -1,21 +1,32 @@
-// The `run` engine on a Backend (model/backend.h): continuous batching (engine/scheduler.h) of
-// many requests, the forward graph run once per step over every row (model/forward.h), each
-// finished sequence sampled from its last row's logits (engine/sampler.h), and sequences retired
-// as soon as they end -- a stop token, max_tokens generated, or the context full -- so that the
-// next waiting request takes their slot in the next step.
+// The `run` engine: continuous batching (engine/scheduler.h) of many requests on a StepRunner
+// (engine/step_runner.h). Each step runs every running sequence's next rows -- one decode row
+// each, then chunks of the prompts being prefilled while the step's token budget lasts -- and
+// samples the sequences whose rows reached their end. A sequence retires as soon as it ends (a
+// stop token, max_tokens generated, or the context full) and the next request takes its slot in
+// the next step.
 //
-// A request's tokens depend only on its prompt, its id and the sampling parameters: each row of a
-// step is computed from its own sequence's cache (the reference and cpu-f32 backends are row
-// independent), and the generator is keyed by (seed, request id, step).
+// Admission is bounded by the KV cache: a request is admitted only when the blocks it can ever
+// hold (its prompt plus max_tokens, capped at the context; sliding-window layers only their
+// window) fit beside those reserved by the running ones. A running sequence therefore never runs
+// out of cache, nothing is preempted, and a request larger than the whole cache is refused with
+// its sizes instead of waiting forever.
+//
+// A request's tokens depend only on its prompt, its id and the sampling parameters: each row is
+// computed from its own sequence's cache (row-independent kernels and backends), and the
+// generator is keyed by (seed, request id, step).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/step_runner.h"
 #include "engine/tokenizer.h"
+#include "engine/work_queue.h"
 #include "model/backend.h"
 
 namespace parity {
@@ -23,58 +34,61 @@ namespace parity {
 struct EngineOptions {
   SchedulerLimits limits;
   int max_tokens = 128;  // generated tokens per request at most (>= 1)
-  int context = 0;       // positions per sequence; 0: the model's max_position_embeddings
+  int context = 0;       // positions per sequence; 0: the runner's (the model's or the device's)
   SamplingParams sampling;
   std::vector<TokenId> stop_tokens;  // generation ends after one of these (kept in the output)
 };
 
-struct EngineRequest {
-  uint64_t id = 0;  // keys the request's generator
-  std::vector<TokenId> prompt;
-};
-
-enum class FinishReason { stop, length, context };
-const char* finish_name(FinishReason r);
-
-struct EngineResult {
-  std::vector<TokenId> generated;
-  FinishReason finish = FinishReason::length;
-  double ttft_seconds = 0;  // from the start of run() to the first generated token
-};
-
 struct EngineStats {
-  size_t requests = 0;
+  size_t requests = 0, failed = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
   int64_t prefill_rows = 0, decode_rows = 0, steps = 0;
   double wall_seconds = 0;
   // Step time shared between prefill and decode in proportion to their rows in the step.
   double prefill_seconds = 0, decode_seconds = 0;
-  std::vector<double> ttft_seconds;        // per request, in request order
-  double ttft_percentile(double q) const;  // nearest rank; 0 with no requests
+  std::vector<double> ttft_seconds;        // per request that produced a token
+  double ttft_percentile(double q) const;  // nearest rank; 0 with none
+  void merge(const EngineStats& o);        // another engine's (several GPUs or ranks)
 };
+
+using Clock = std::chrono::steady_clock;
 
 class Engine {
  public:
   // Throws parity::Error on bad options (sampling values, max_tokens, limits, context).
+  Engine(StepRunner& runner, const EngineOptions& options);
+  // The engine on a parity Backend (a GraphRunner of its own).
   Engine(Backend& backend, const EngineOptions& options);
+  ~Engine();
 
   // Why `prompt` cannot run ("empty prompt", "N tokens, longer than the context of C
-  // positions"), or "" when it can.
+  // positions", a token outside the vocabulary, more KV blocks than the cache holds), or "".
   std::string check_prompt(const std::vector<TokenId>& prompt) const;
 
-  // Called with (index of the request in run()'s list, token) as each token is sampled.
-  using TokenCallback = std::function<void(size_t request, TokenId token)>;
+  // Called with (index of the request in its source, token) as each token is sampled.
+  using TokenCallback = std::function<void(size_t index, TokenId token)>;
 
-  // Runs every request to its end from empty caches; results in the order of `requests`. Every
-  // prompt must pass check_prompt (a parity::Error otherwise).
+  // Runs requests from `source` until it has no more and each one taken has finished; each
+  // result goes back to the source as its request ends (a request that fails check_prompt
+  // comes back at once with finish == error). Time to first token counts from `start`;
+  // results are marked with `worker`.
+  void run(WorkSource& source, const TokenCallback& on_token = {},
+           Clock::time_point start = Clock::now(), int worker = 0);
+  // Convenience: every request of the list, results in its order. Every prompt must pass
+  // check_prompt (a parity::Error otherwise).
   std::vector<EngineResult> run(const std::vector<EngineRequest>& requests,
                                 const TokenCallback& on_token = {});
 
   const EngineStats& stats() const { return stats_; }
   int context() const { return context_; }
+  StepRunner& runner() { return runner_; }
 
  private:
-  Backend& backend_;
+  void init();  // validates the options
+  int reserve_blocks(size_t prompt_length) const;  // KV blocks a request may ever hold
+
+  std::unique_ptr<StepRunner> owned_runner_;
+  StepRunner& runner_;
   EngineOptions options_;
   int context_ = 0;
   EngineStats stats_;

@@ -23,9 +23,9 @@ void Scheduler::enqueue(size_t request, std::vector<TokenId> prompt) {
   waiting_.push_back(std::move(s));
 }
 
-std::vector<int> Scheduler::admit() {
+std::vector<int> Scheduler::admit(const std::function<bool(const ScheduledSequence&)>& fits) {
   std::vector<int> filled;
-  while (!waiting_.empty() && !free_slots_.empty()) {
+  while (!waiting_.empty() && !free_slots_.empty() && (!fits || fits(waiting_.front()))) {
     const int slot = free_slots_.back();
     free_slots_.pop_back();
     slots_[size_t(slot)] = std::move(waiting_.front());

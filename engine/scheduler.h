@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "engine/tokenizer.h"
@@ -48,8 +49,9 @@ class Scheduler {
 
   // Queues request `request` with its prompt (not empty).
   void enqueue(size_t request, std::vector<TokenId> prompt);
-  // Moves waiting requests into free slots, first come first served; returns the slots filled.
-  std::vector<int> admit();
+  // Moves waiting requests into free slots, first come first served, while `fits` (when given)
+  // accepts the next one; returns the slots filled.
+  std::vector<int> admit(const std::function<bool(const ScheduledSequence&)>& fits = {});
   // The next step's rows; empty when nothing runs. Marks the planned rows as cached.
   StepPlan plan();
   // A token sampled for the sequence in `slot`: it becomes the next row of that sequence.
@@ -59,6 +61,8 @@ class Scheduler {
 
   ScheduledSequence& sequence(int slot);
   bool idle() const { return waiting_.empty() && running_.empty(); }
+  bool full() const { return running_.size() + waiting_.size() >= slots_.size(); }
+  const std::vector<int>& running_slots() const { return running_; }
   size_t running() const { return running_.size(); }
   size_t waiting() const { return waiting_.size(); }
 

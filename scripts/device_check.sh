@@ -6,7 +6,8 @@
 # copy-bandwidth floor.
 #
 # Usage: scripts/device_check.sh [STEP...]
-#   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench (default: all)
+#   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
+#         hf-generate engine-gpus (default: all but hf-generate and engine-gpus)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # CUDA_ARCH / HIP_ARCH (90 / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
@@ -35,7 +36,9 @@ if [ -d "$DEPS_DIR/lib" ]; then
   export LD_LIBRARY_PATH="$DEPS_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build tests sanitize tiny hf 20b 20b-real replay-cost bench)
+[ ${#steps[@]} -eq 0 ] && steps=(build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench)
+# The o200k_harmony tokenizer.json for the 20b (parity-synth copies it), when carried.
+[ -f "$DEPS_DIR/o200k_harmony/tokenizer.json" ] && export PARITY_TOKENIZER_ORACLE_DIR="$DEPS_DIR/o200k_harmony"
 bin="$BUILD_DIR/bin"
 tiny_tokens="1,17,300,42,999,5,77,128,256,3,1000,64,9,511,22,700,31,8,123,900"
 
@@ -189,9 +192,102 @@ step_bench() {
   grep -E "median|floor|bandwidth|work per" "$LOG_DIR/bench.log" | tail -n 4
 }
 
+# The engine's device runner and the device sampler: their tests must run here, not skip.
+step_engine() {
+  logged engine "$bin/parity_tests" --gtest_filter='EngineDevice.*:DeviceSampler*:Backends/EngineBatchInvariance.*' \
+    --gtest_brief=0
+  if grep -q "SKIPPED" "$LOG_DIR/engine.log"; then
+    echo "FAILED: engine device tests skipped on the GPU machine"
+    return 1
+  fi
+  grep -E "PASSED|FAILED|sampler timing|excused" "$LOG_DIR/engine.log" | tail -n 12
+}
+
+# Request files for the engine benchmarks: N prompts of mixed lengths (words of English text).
+make_requests() {  # make_requests N WORDS_MIN WORDS_MAX FILE
+  python3 - "$@" <<'PY'
+import random, sys
+n, lo, hi, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+words = ("the of and to in a is that for it as was with be by on not he this are or his from at "
+         "which but have an they you were her she there been one all we their has would when if "
+         "so no will more about can what out other up into only some could time these two may "
+         "then do first any my now such like our over man me even most made after also did many "
+         "before must through back years where much your way well down should because each just "
+         "those people how too little state good very make world still own see men work long get "
+         "here between both life being under never day same another know while last might us great "
+         "old year off come since against go came right used take three").split()
+rng = random.Random(n * 1000 + lo)
+with open(path, "w") as f:
+    for i in range(n):
+        k = rng.randint(lo, hi)
+        f.write(" ".join(rng.choice(words) for _ in range(k)).capitalize() + ".\n")
+PY
+}
+
+# `run` on the synthetic 20b: batch-1 decode against the floor (parity-bench measures the copy
+# bandwidth), aggregate output tokens/s and time to first token at 1, 8, 32, 64 and 256
+# concurrent requests (prompts of 20-400 words, 128 generated tokens each), prefill tokens/s on
+# 2,048-token prompts, and the per-kernel times at batch 1 and 64.
+step_engine-bench() {
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged engine-bench "$bin/parity-synth" --preset 20b --out "$MODELS_DIR/20b"
+  [ -f "$MODELS_DIR/20b/tokenizer.json" ] || { echo "engine-bench: the 20b has no tokenizer.json"; return 1; }
+  local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip -m getp --no-progress)
+  mkdir -p "$req"
+  for n in 1 8 32 64 256; do make_requests "$n" 20 400 "$req/mixed-$n.txt"; done
+  make_requests 16 1600 1700 "$req/long-16.txt"  # about 2,000 tokens each
+  logged engine-bench "${run[@]}" -i "$req/mixed-1.txt" -o "$req/out-1.txt" -n 256 --max-batch 1 --kernel-times
+  for n in 1 8 32 64 256; do
+    logged engine-bench "${run[@]}" -i "$req/mixed-$n.txt" -o "$req/out-$n.txt" -n 128 --max-batch "$n" \
+      --step-tokens 2048 --context 4096
+  done
+  logged engine-bench "${run[@]}" -i "$req/mixed-64.txt" -o "$req/out-64k.txt" -n 32 --max-batch 64 \
+    --step-tokens 2048 --kernel-times
+  logged engine-bench "${run[@]}" -i "$req/long-16.txt" -o "$req/out-long.txt" -n 1 --max-batch 16 \
+    --step-tokens 4096 --context 4096
+  logged engine-bench "$bin/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip --positions 128 \
+    --warmup 16 -q
+  grep -E "^run: [0-9]|median|floor|bandwidth" "$LOG_DIR/engine-bench.log"
+}
+
+# The same workload through transformers' generate on the same GPU (tools/hf_generate_bench.py).
+step_hf-generate() {
+  python3 -c "import torch, transformers" 2>/dev/null || { echo "hf-generate: no torch/transformers here"; return 0; }
+  local req="$LOG_DIR/requests"
+  [ -f "$req/mixed-64.txt" ] || { mkdir -p "$req"; make_requests 64 20 400 "$req/mixed-64.txt"; }
+  set +e
+  timeout 420 python3 tools/hf_generate_bench.py "$MODELS_DIR/20b" "$req/mixed-64.txt" --max-tokens 128 \
+    --batches "${HF_BATCHES:-1,8,32,64}" >>"$LOG_DIR/hf-generate.log" 2>&1
+  echo "hf-generate: exit $?" | tee -a "$LOG_DIR/hf-generate.log"
+  set -e
+  grep -E "^N=|loaded|torch" "$LOG_DIR/hf-generate.log"
+}
+
+# Several GPUs of one host: the same 256 requests on 1 GPU, on every GPU (--gpus all), and
+# through mpirun with one rank per GPU; the outputs must be equal.
+step_engine-gpus() {
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged engine-gpus "$bin/parity-synth" --preset 20b --out "$MODELS_DIR/20b"
+  local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip -m getp --no-progress)
+  mkdir -p "$req"
+  make_requests 256 20 400 "$req/mixed-256.txt"
+  local gpus
+  gpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
+  logged engine-gpus "${run[@]}" -i "$req/mixed-256.txt" -o "$req/gpus-1.txt" -n 128 --max-batch 64 --step-tokens 2048
+  logged engine-gpus "${run[@]}" -i "$req/mixed-256.txt" -o "$req/gpus-all.txt" -n 128 --max-batch 64 --step-tokens 2048 \
+    --gpus all
+  cmp "$req/gpus-1.txt" "$req/gpus-all.txt" | tee -a "$LOG_DIR/engine-gpus.log"
+  if command -v mpirun >/dev/null; then
+    logged engine-gpus mpirun --allow-run-as-root -np "$gpus" "${run[@]}" -i "$req/mixed-256.txt" \
+      -o "$req/mpi.txt" -n 128 --max-batch 64 --step-tokens 2048
+    cmp "$req/gpus-1.txt" "$req/mpi.txt" | tee -a "$LOG_DIR/engine-gpus.log"
+  fi
+  grep -E "^run: |^run:   " "$LOG_DIR/engine-gpus.log"
+}
+
 for s in "${steps[@]}"; do
   case "$s" in
-    build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench) "step_$s" ;;
-    *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench)"; exit 2 ;;
+    build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
+      hf-generate | engine-gpus) "step_$s" ;;
+    *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
+         "engine-bench hf-generate engine-gpus)"; exit 2 ;;
   esac
 done

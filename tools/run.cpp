@@ -1,8 +1,11 @@
-// run: the production engine's command line (engine/engine.h on a Backend).
+// run: the production engine's command line (engine/engine.h).
 //   run MODEL -m generate -i "prompt"            text streamed as it is generated
 //   run MODEL -m getp -i requests.txt -o out.txt  a file of prompts, token ids out
 //   run DIR -m tokenize|detokenize -i FILE        the tokenizer alone
-// Exit 0 when every request ran, 1 when some request failed, 2 on an error.
+// --backend hip runs the device runner (engine/device_runner.h), one engine per GPU (--gpus);
+// the host backends (reference, cpu-f32) run the engine through the forward graph. Under mpirun
+// or srun each rank runs one engine (its local rank's GPU) and rank 0 hands out the requests
+// (engine/mpi_work.h). Exit 0 when every request ran, 1 when some request failed, 2 on an error.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -15,15 +18,30 @@
 #include <iostream>
 #include <sstream>
 
+#include <thread>
+#include <unistd.h>
+
+#include "device/runtime/kv_blocks.h"
+#include "device/runtime/options.h"
 #include "engine/engine.h"
+#include "engine/graph_runner.h"
 #include "engine/harmony.h"
+#include "engine/progress.h"
 #include "engine/requests.h"
 #include "engine/tiny_tokenizer.h"
 #include "engine/tokenizer.h"
 #include "engine/utf8.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
+#include "model/untrusted.h"
 #include "tools/common.h"
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+#include "device/runtime/device.h"
+#include "engine/device_runner.h"
+#endif
+#ifdef PARITY_HAVE_MPI
+#include "engine/mpi_work.h"
+#endif
 
 namespace parity {
 namespace {
@@ -97,20 +115,12 @@ std::vector<TokenId> parse_ids(const std::string& text, const std::string& path)
 
 struct RunFlags {
   std::string model, models_dir, mode = "generate", input, output, backend = "cpu-f32";
-  bool text = false, harmony = false, allow_special = false;
+  std::string gpus, kv_memory;
+  bool text = false, harmony = false, allow_special = false, kernel_times = false;
+  bool no_progress = false;
   int max_tokens = 128, max_batch = 16, step_tokens = 256, context = 0;
   SamplingParams sampling;
 };
-
-void print_summary(const EngineStats& s, size_t failed) {
-  const double decode_tps = s.decode_seconds > 0 ? double(s.decode_rows) / s.decode_seconds : 0;
-  const double prefill_tps = s.prefill_seconds > 0 ? double(s.prefill_rows) / s.prefill_seconds : 0;
-  std::cerr << fmt::format(
-      "run: {} requests ({} failed), {} prompt tokens, {} generated, wall {:.3f} s, TTFT p50 "
-      "{:.1f} ms p99 {:.1f} ms, decode {:.1f} tokens/s, prefill {:.1f} tokens/s\n",
-      s.requests + failed, failed, s.prompt_tokens, s.generated_tokens, s.wall_seconds,
-      s.ttft_percentile(0.5) * 1e3, s.ttft_percentile(0.99) * 1e3, decode_tps, prefill_tps);
-}
 
 // `text` into the -o file (whole or not at all), or onto standard output without one.
 void emit(const RunFlags& f, const std::string& text) {
@@ -120,96 +130,293 @@ void emit(const RunFlags& f, const std::string& text) {
     write_file_atomically(f.output, text);
 }
 
-struct Loaded {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Backend> backend;
-  std::optional<Tokenizer> tokenizer;
-};
-
-Loaded load(const RunFlags& f) {
-  Loaded l;
-  const std::string dir = resolve_model(f.model, f.models_dir);
-  const bool preset_tiny = f.model == "tiny" && !fs::is_directory(f.model);
-  l.tokenizer.emplace(model_tokenizer(dir, preset_tiny));
-  l.model = Model::load(dir);
-  l.backend = make_backend(f.backend, *l.model);
-  return l;
+bool device_backend(const RunFlags& f) {
+  return f.backend == "hip" || f.backend == "cuda" || f.backend == "gpu";
 }
 
-EngineOptions engine_options(const RunFlags& f, const Loaded& l) {
+// The engines of this process: one per GPU with the device backend, one per --gpus worker on a
+// host backend (each with a backend of its own), one under MPI (the rank's).
+struct Workers {
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<StepRunner>> runners;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<std::string> names;
+};
+
+// Where this process's engines run: `count` workers, the first on device `first_device`.
+struct Placement {
+  int count = 1;
+  int first_device = 0;
+};
+
+Placement placement(const RunFlags& f, int mpi_local_rank, int mpi_local_size) {
+  Placement p;
+  if (mpi_local_rank >= 0 && !f.gpus.empty())
+    fail("--gpus {}: under MPI each rank runs one GPU, its local rank's", parity::quoted(f.gpus, 20));
+  int available = 0;
+  if (device_backend(f)) {
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+    available = device_count();
+    if (available == 0)
+      fail("backend {}: no GPU here ({})", f.backend, device_unavailable_reason());
+#else
+    fail("backend {}: this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)",
+         f.backend);
+#endif
+  }
+  if (mpi_local_rank >= 0) {
+    if (device_backend(f) && mpi_local_size > available)
+      fail("MPI: {} ranks on this host, which has {} GPUs (one rank per GPU)", mpi_local_size,
+           available);
+    p.first_device = mpi_local_rank;
+    return p;
+  }
+  if (f.gpus.empty()) return p;
+  if (f.gpus == "all") {
+    p.count = device_backend(f) ? available : 1;
+    return p;
+  }
+  int n = 0;
+  const auto [ptr, err] = std::from_chars(f.gpus.data(), f.gpus.data() + f.gpus.size(), n);
+  if (err != std::errc() || ptr != f.gpus.data() + f.gpus.size() || n < 1)
+    fail("--gpus {}: `all` or a positive number", parity::quoted(f.gpus, 20));
+  if (device_backend(f) && n > available)
+    fail("--gpus {}: this host has {} GPU{}", n, available, available == 1 ? "" : "s");
+  p.count = n;
+  return p;
+}
+
+size_t kv_memory_bytes(const RunFlags& f) {
+  return f.kv_memory.empty() ? 0 : device::parse_byte_size(f.kv_memory, "--kv-memory");
+}
+
+Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1) {
+  Workers w;
+  const Placement where = placement(f, mpi_local_rank, mpi_local_size);
+  const std::string dir = resolve_model(f.model, f.models_dir);
+  const bool preset_tiny = f.model == "tiny" && !fs::is_directory(f.model);
+  w.tokenizer.emplace(model_tokenizer(dir, preset_tiny && mpi_local_rank <= 0));
+  w.model = Model::load(dir);
+  const size_t kv_bytes = kv_memory_bytes(f);
+  w.runners.resize(size_t(where.count));
+  if (device_backend(f)) {
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+    // Each GPU loads its weights on a thread of its own.
+    std::vector<std::exception_ptr> errors(size_t(where.count));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < where.count; ++i)
+      threads.emplace_back([&, i] {
+        try {
+          device::DeviceOptions o;
+          o.device = where.first_device + i;
+          o.max_context = f.context;
+          o.kv_bytes = kv_bytes;
+          o.arena_rows = o.max_step_rows = std::max(f.step_tokens, f.max_batch);
+          if (i == 0 && mpi_local_rank <= 0)
+            o.log = [](const std::string& text) { std::cerr << text << std::flush; };
+          w.runners[size_t(i)] = make_device_runner(*w.model, o, f.kernel_times);
+        } catch (...) {
+          errors[size_t(i)] = std::current_exception();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+#endif
+  } else {
+    if (f.kernel_times) fail("--kernel-times: the device backend's (--backend hip)");
+    int kv_blocks = 0;
+    const int block_size = device::kDefaultKvBlockSize;
+    if (kv_bytes > 0) {
+      const size_t block = device::KvLayout::of(w.model->config, block_size).block_bytes();
+      if (kv_bytes < block)
+        fail("--kv-memory {}: less than one KV-cache block ({} bytes)", f.kv_memory, block);
+      kv_blocks = int(std::min<size_t>(kv_bytes / block, size_t(INT32_MAX)));
+    }
+    for (int i = 0; i < where.count; ++i) {
+      w.backends.push_back(make_backend(f.backend, *w.model));
+      w.runners[size_t(i)] = std::make_unique<GraphRunner>(*w.backends.back(), kv_blocks, block_size);
+    }
+  }
   EngineOptions o;
   o.limits.max_batch = f.max_batch;
   o.limits.step_tokens = f.step_tokens;
   o.max_tokens = f.max_tokens;
   o.context = f.context;
   o.sampling = f.sampling;
-  o.stop_tokens = model_stop_tokens(l.model->dir, *l.tokenizer);
-  return o;
+  o.stop_tokens = model_stop_tokens(w.model->dir, *w.tokenizer);
+  for (auto& r : w.runners) {
+    w.engines.push_back(std::make_unique<Engine>(*r, o));
+    w.names.push_back(device_backend(f) ? r->name()
+                                        : fmt::format("engine {}: {}", w.names.size(), r->name()));
+  }
+  return w;
 }
 
 std::vector<TokenId> prompt_tokens(const Tokenizer& t, const std::string& prompt, bool harmony) {
   return harmony ? harmony_user_prompt(t, prompt) : t.encode(prompt, false);
 }
 
+void print_kernel_times(const Workers& w) {
+  for (size_t i = 0; i < w.runners.size(); ++i)
+    if (const std::string t = w.runners[i]->kernel_times(); !t.empty())
+      std::cerr << fmt::format("run: kernel times, {}\n{}", w.names[i], t);
+}
+
 int generate(const RunFlags& f) {
-  Loaded l = load(f);
-  Engine engine(*l.backend, engine_options(f, l));
-  const std::vector<TokenId> prompt = prompt_tokens(*l.tokenizer, f.input, f.harmony);
+  Workers w = load(f);
+  Engine& engine = *w.engines.front();
+  const std::vector<TokenId> prompt = prompt_tokens(*w.tokenizer, f.input, f.harmony);
   if (const std::string why = engine.check_prompt(prompt); !why.empty()) {
     std::cerr << "run: request failed: " << why << "\n";
     return kExitDiverged;
   }
-  StreamingDecoder decoder(*l.tokenizer);
+  StreamingDecoder decoder(*w.tokenizer);
   engine.run({{0, prompt}}, [&](size_t, TokenId id) {
-    std::cout << (l.tokenizer->contains(id) ? decoder.push(id) : fmt::format("<|id {}|>", id))
+    std::cout << (w.tokenizer->contains(id) ? decoder.push(id) : fmt::format("<|id {}|>", id))
               << std::flush;
   });
   std::cout << decoder.finish() << "\n" << std::flush;
-  print_summary(engine.stats(), 0);
+  std::cerr << summary_text(engine.stats(), {engine.stats()}, {w.names.front()});
+  print_kernel_times(w);
   return kExitOk;
 }
 
-int getp(const RunFlags& f) {
-  const std::vector<RequestLine> lines = read_request_file(f.input);
-  Loaded l = load(f);
-  Engine engine(*l.backend, engine_options(f, l));
-  std::vector<RequestOutcome> outcomes(lines.size());
+// The request file's lines, tokenized: requests for the engines (id = line number - 1) and, per
+// line, its outcome so far (errors of reading or tokenizing).
+struct Prepared {
+  std::vector<RequestOutcome> outcomes;
   std::vector<EngineRequest> requests;
-  std::vector<size_t> outcome_of;  // request index -> line index
+  std::vector<size_t> outcome_of;  // request -> line
+};
+
+Prepared prepare(const RunFlags& f, const std::vector<RequestLine>& lines, const Tokenizer& t) {
+  Prepared p;
+  p.outcomes.resize(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
-    outcomes[i].line = lines[i].line;
-    outcomes[i].error = lines[i].error;
-    if (!outcomes[i].error.empty()) continue;
-    std::vector<TokenId> prompt;
+    p.outcomes[i].line = lines[i].line;
+    p.outcomes[i].error = lines[i].error;
+    if (!p.outcomes[i].error.empty()) continue;
     try {
-      prompt = prompt_tokens(*l.tokenizer, lines[i].prompt, f.harmony);
+      p.requests.push_back({uint64_t(lines[i].line - 1), prompt_tokens(t, lines[i].prompt, f.harmony)});
+      p.outcome_of.push_back(i);
     } catch (const Error& e) {
-      outcomes[i].error = e.what();
+      p.outcomes[i].error = e.what();
+    }
+  }
+  return p;
+}
+
+// Writes the output and the errors; the exit code.
+int finish_getp(const RunFlags& f, Prepared& p, std::vector<EngineResult> results,
+                const Tokenizer& t) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    RequestOutcome& o = p.outcomes[p.outcome_of[r]];
+    if (results[r].finish == FinishReason::error) {
+      o.error = results[r].error;
       continue;
     }
-    outcomes[i].error = engine.check_prompt(prompt);
-    if (!outcomes[i].error.empty()) continue;
-    requests.push_back({uint64_t(lines[i].line - 1), std::move(prompt)});
-    outcome_of.push_back(i);
+    o.tokens = std::move(results[r].generated);
+    if (f.text) o.text = text_of(t, o.tokens);
   }
-  const std::vector<EngineResult> results = engine.run(requests);
   size_t failed = 0;
   std::string out;
-  for (size_t r = 0; r < results.size(); ++r) {
-    RequestOutcome& o = outcomes[outcome_of[r]];
-    o.tokens = results[r].generated;
-    if (f.text) o.text = text_of(*l.tokenizer, o.tokens);
-  }
-  for (const RequestOutcome& o : outcomes) {
+  for (const RequestOutcome& o : p.outcomes) {
     failed += o.error.empty() ? 0 : 1;
     out += format_outcome(o, f.text) + "\n";
   }
   emit(f, out);
-  for (const RequestOutcome& o : outcomes)
+  for (const RequestOutcome& o : p.outcomes)
     if (!o.error.empty()) std::cerr << fmt::format("run: line {}: {}\n", o.line, o.error);
-  print_summary(engine.stats(), failed);
   return failed == 0 ? kExitOk : kExitDiverged;
 }
+
+// Lines that failed before reaching an engine count as failed requests in the summary.
+EngineStats with_line_errors(EngineStats total, const Prepared& p) {
+  const size_t early = p.outcomes.size() - p.requests.size();
+  total.requests += early;
+  total.failed += early;
+  return total;
+}
+
+int getp(const RunFlags& f) {
+  const std::vector<RequestLine> lines = read_request_file(f.input);
+  Workers w = load(f);
+  Prepared p = prepare(f, lines, *w.tokenizer);
+  LocalQueue queue(p.requests);
+  Progress progress(std::cerr, queue.size(), isatty(STDERR_FILENO) == 1, !f.no_progress);
+  const auto start = Clock::now();
+  std::vector<std::exception_ptr> errors(w.engines.size());
+  std::vector<std::thread> threads;
+  std::atomic<size_t> running = w.engines.size();
+  for (size_t i = 0; i < w.engines.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        w.engines[i]->run(queue, {}, start, int(i));
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+      --running;
+    });
+  for (auto shown = start; running > 0;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (Clock::now() - shown < std::chrono::milliseconds(200)) continue;
+    shown = Clock::now();
+    progress.update(queue.completed(), queue.generated_tokens());
+  }
+  for (std::thread& t : threads) t.join();
+  progress.update(queue.completed(), queue.generated_tokens());
+  progress.finish();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  const int code = finish_getp(f, p, queue.take_results(), *w.tokenizer);
+  std::vector<EngineStats> per;
+  EngineStats total;
+  for (const auto& e : w.engines) {
+    per.push_back(e->stats());
+    total.merge(e->stats());
+  }
+  std::cerr << summary_text(with_line_errors(total, p), per, w.names);
+  print_kernel_times(w);
+  return code;
+}
+
+#ifdef PARITY_HAVE_MPI
+// getp on every rank of an MPI world: rank 0 reads, hands out, writes; the others run.
+int getp_mpi(const RunFlags& f, const MpiSession& mpi) {
+  if (mpi.rank() != 0) {
+    Workers w = load(f, mpi.local_rank(), mpi.local_size());
+    work_for_rank0(mpi, *w.engines.front());
+    return kExitOk;
+  }
+  const std::vector<RequestLine> lines = read_request_file(f.input);
+  Workers w = load(f, mpi.local_rank(), mpi.local_size());
+  Prepared p = prepare(f, lines, *w.tokenizer);
+  LocalQueue queue(p.requests);
+  Progress progress(std::cerr, queue.size(), isatty(STDERR_FILENO) == 1, !f.no_progress);
+  std::vector<EngineStats> per;
+  serve_work(
+      mpi, queue,
+      [&] {
+        w.engines.front()->run(queue, {}, Clock::now(), 0);
+        return w.engines.front()->stats();
+      },
+      per, [&] { progress.update(queue.completed(), queue.generated_tokens()); });
+  progress.finish();
+  const int code = finish_getp(f, p, queue.take_results(), *w.tokenizer);
+  EngineStats total;
+  std::vector<std::string> names;
+  for (size_t r = 0; r < per.size(); ++r) {
+    total.merge(per[r]);
+    names.push_back(fmt::format("rank {}", r));
+  }
+  std::cerr << summary_text(with_line_errors(total, p), per, names);
+  print_kernel_times(w);
+  return code;
+}
+#endif
 
 std::string tokenizer_dir(const RunFlags& f) {
   std::error_code ec;
@@ -234,7 +441,7 @@ int detokenize(const RunFlags& f) {
 }
 
 int run_main(int argc, char** argv) {
-  CLI::App app{"run: gpt-oss inference with continuous batching on a parity backend"};
+  CLI::App app{"run: gpt-oss inference with continuous batching, on GPUs or the host"};
   RunFlags f;
   app.add_option("model", f.model,
                  "checkpoint directory or preset (tiny, 20b, 120b); for "
@@ -257,7 +464,18 @@ int run_main(int argc, char** argv) {
   app.add_option("--top-p", f.sampling.top_p, "1: off")->capture_default_str();
   app.add_option("-s,--seed", f.sampling.seed, "the sampling generator's seed")
       ->capture_default_str();
-  app.add_option("--backend", f.backend, "reference, cpu-f32, hip")->capture_default_str();
+  app.add_option("--backend", f.backend,
+                 "hip (the device engine), cpu-f32 or reference (the host backends)")
+      ->capture_default_str();
+  app.add_option("--gpus", f.gpus,
+                 "engines of this process: `all` or N GPUs with hip, one per GPU, sharing one "
+                 "queue (N host engines with a host backend); default 1");
+  app.add_option("--kv-memory", f.kv_memory,
+                 "KV-cache size per engine, bytes with an optional K, M or G suffix (hip "
+                 "default: 90 % of what the weights leave free; host backends: no limit)");
+  app.add_flag("--kernel-times", f.kernel_times,
+               "hip: time each stage's kernels with device events and print the table");
+  app.add_flag("--no-progress", f.no_progress, "getp: no progress display");
   app.add_option("--max-batch", f.max_batch, "sequences running at once at most")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -274,6 +492,22 @@ int run_main(int argc, char** argv) {
   app.add_option("--models-dir", f.models_dir, "where presets live");
   if (const auto done = parse_command_line(app, "run", argc, argv)) return *done;
   f.sampling.validate();
+#ifdef PARITY_HAVE_MPI
+  if (launched_by_mpi()) {
+    MpiSession mpi(&argc, &argv);
+    if (mpi.size() > 1) {
+      // An error on one rank ends them all: the others may be waiting on it.
+      try {
+        if (f.mode != "getp") fail("-m {}: under MPI only getp runs on several ranks", f.mode);
+        return getp_mpi(f, mpi);
+      } catch (const std::exception& e) {
+        std::cerr << fmt::format("run: error: rank {}: {}\n", mpi.rank(), one_line(e.what(), 2000))
+                  << std::flush;
+        mpi.abort(kExitError);
+      }
+    }
+  }
+#endif
   if (f.mode == "generate") return generate(f);
   if (f.mode == "getp") return getp(f);
   if (f.mode == "tokenize") return tokenize(f);

@@ -60,6 +60,15 @@ nlohmann::json Device::facts() const {
 
 namespace parity {
 
+int device_count() {
+  int n = 0;
+  if (hipGetDeviceCount(&n) != hipSuccess) {
+    (void)hipGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 bool device_available() {
   return device_unavailable_reason().empty();
 }

@@ -29,6 +29,8 @@ struct Device {
 }  // namespace parity::device
 
 namespace parity {
+// GPUs the runtime sees (0 when none, or on a runtime error).
+int device_count();
 // True when a usable GPU is present (the runtime finds at least one device).
 bool device_available();
 // Why device_available() is false ("no devices", or the runtime's error); empty when it is true.

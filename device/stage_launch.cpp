@@ -1,0 +1,142 @@
+#include "device/stage_launch.h"
+
+#include "device/kernels.h"
+#include "model/error.h"
+
+namespace parity::device {
+
+bool fused_into_producer(Stage s) {
+  switch (s) {
+    case Stage::k_rope:
+    case Stage::v:
+    case Stage::resid_attn:
+    case Stage::topk_w:
+    case Stage::swiglu:
+    case Stage::resid_ffn:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
+  const Config& c = rt.config();
+  const ActivationArena& arena = rt.arena();
+  const auto out = [&](Stage st) { return arena.out(st); };
+  // Input of the layer's attention block: the embedding, or the previous layer's resid_ffn.
+  const auto residual_in = [&] { return out(layer == 0 ? Stage::embedding : Stage::resid_ffn); };
+  const int B = rt.step().rows();
+  const int H = c.hidden_size, k = c.num_experts_per_tok, I = c.intermediate_size;
+  const float alpha = float(c.swiglu_alpha), limit = float(c.swiglu_limit);
+  const float eps = float(c.rms_norm_eps);
+  const hipStream_t st = rt.stream();
+  const StepRow* rows = rt.step().device_rows();
+  const int max_pos = rt.step().max_pos();
+  const DeviceWeights& w = rt.weights();
+  const DeviceLayer* L = layer >= 0 ? &w.layer(layer) : nullptr;
+  int32_t* topk_idx = arena.index_out(Stage::topk_idx);
+  const auto gemv = [&](const DeviceLinear& l, Stage in, Stage out_stage,
+                        GemvResidual residual = {}) {
+    const GemvSegment seg{l.w, l.bias, 0};
+    launch_f32_gemv_bias(std::span<const GemvSegment>(&seg, 1), out(in), l.w.cols, B,
+                         out(out_stage), l.w.rows, residual, st);
+  };
+  PARITY_CHECK(B > 0, "launch_stage({}) with no step", name(s));
+  PARITY_CHECK(is_model_scope(s) || L != nullptr, "launch_stage({}) without a layer", name(s));
+
+  switch (s) {
+    case Stage::embedding:
+      launch_f32_embedding_gather(w.embed(), rows, B, out(s), st);
+      break;
+    case Stage::attn_norm:
+      launch_f32_rmsnorm(residual_in(), L->attn_norm.type, L->attn_norm.data, B, H, eps, out(s),
+                         st);
+      break;
+    case Stage::qkv: {
+      const int qd = c.q_dim(), kvd = c.kv_dim();
+      const GemvSegment segs[3] = {
+          {L->q.w, L->q.bias, 0}, {L->k.w, L->k.bias, qd}, {L->v.w, L->v.bias, qd + kvd}};
+      launch_f32_gemv_bias(segs, out(Stage::attn_norm), H, B, out(s), c.qkv_dim(), {}, st);
+      break;
+    }
+    case Stage::q_rope:
+      launch_f32_qkv_split_yarn_rope(out(Stage::qkv), rows, B, c.num_attention_heads,
+                                     c.num_key_value_heads, c.head_dim, w.inv_freq(),
+                                     w.concentration(), out(Stage::q_rope), out(Stage::k_rope),
+                                     out(Stage::v), st);
+      break;
+    case Stage::k_rope:
+    case Stage::v:
+      break;  // written by q_rope's kernel
+    case Stage::scores: {
+      const AttentionShape a = rt.attention_shape(layer);
+      const KvCacheView kv = rt.kv_view();
+      launch_f32_kv_cache_append(a, kv, rows, B, out(Stage::k_rope), out(Stage::v), st);
+      launch_f32_attention_scores(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
+                                  arena.scores(), st);
+      break;
+    }
+    case Stage::att:
+      launch_f32_softmax_with_sink(c.num_attention_heads, rows, B, arena.scores(), arena.att(),
+                                   st);
+      break;
+    case Stage::attn_out:
+      launch_f32_attention_pv(rt.attention_shape(layer), rt.kv_view(), rows, B, max_pos,
+                              arena.att(), arena.workspace(), out(s), st);
+      break;
+    case Stage::o_proj:
+      gemv(L->o, Stage::attn_out, s, {residual_in(), out(Stage::resid_attn), H});
+      break;
+    case Stage::resid_attn:
+      if (recompute) launch_f32_add(residual_in(), out(Stage::o_proj), int64_t(B) * H, out(s), st);
+      break;
+    case Stage::ffn_norm:
+      launch_f32_rmsnorm(out(Stage::resid_attn), L->ffn_norm.type, L->ffn_norm.data, B, H, eps,
+                         out(s), st);
+      break;
+    case Stage::router:
+      gemv(L->router, Stage::ffn_norm, s);
+      break;
+    case Stage::topk_idx:
+      launch_f32_router_topk_softmax(out(Stage::router), B, c.num_local_experts, k, true, topk_idx,
+                                     out(Stage::topk_w), st);
+      break;
+    case Stage::topk_w:
+      if (recompute)
+        launch_f32_router_topk_softmax(out(Stage::router), B, c.num_local_experts, k, false,
+                                       topk_idx, out(s), st);
+      break;
+    case Stage::mlp1:
+      launch_f32_moe_gemv(L->mlp1, topk_idx, B, k, out(Stage::ffn_norm), H, 0, out(s),
+                          out(Stage::swiglu), alpha, limit, st);
+      break;
+    case Stage::swiglu:
+      if (recompute) launch_f32_swiglu(out(Stage::mlp1), B * k, I, alpha, limit, out(s), st);
+      break;
+    case Stage::mlp2:
+      launch_f32_moe_gemv(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
+                          alpha, limit, st);
+      break;
+    case Stage::moe_out:
+      launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H,
+                                           out(Stage::resid_attn), out(s), out(Stage::resid_ffn),
+                                           st);
+      break;
+    case Stage::resid_ffn:
+      if (recompute)
+        launch_f32_add(out(Stage::resid_attn), out(Stage::moe_out), int64_t(B) * H, out(s), st);
+      break;
+    case Stage::final_norm:
+      launch_f32_rmsnorm(out(Stage::resid_ffn), w.final_norm().type, w.final_norm().data, B, H,
+                         eps, out(s), st);
+      break;
+    case Stage::logits:
+      gemv({w.lm_head(), nullptr}, Stage::final_norm, s);
+      break;
+    case Stage::sampled:
+      launch_f32_argmax(out(Stage::logits), B, c.vocab_size, arena.index_out(s), st);
+      break;
+  }
+}
+
+}  // namespace parity::device

@@ -1,0 +1,275 @@
+#include "engine/mpi_work.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "model/error.h"
+
+namespace parity {
+namespace {
+
+enum Tag : int { kAsk = 1, kItem = 2, kNone = 3, kResult = 4, kStats = 5 };
+
+// Messages are flat byte strings of fixed-size fields.
+class Writer {
+ public:
+  template <typename T>
+  Writer& put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    buf_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+    return *this;
+  }
+  template <typename T>
+  Writer& put_vector(const std::vector<T>& v) {
+    put(uint64_t(v.size()));
+    buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+    return *this;
+  }
+  Writer& put_string(const std::string& s) {
+    put(uint64_t(s.size()));
+    buf_ += s;
+    return *this;
+  }
+  const std::string& bytes() const { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& b) : b_(b) {}
+  template <typename T>
+  T get() {
+    T v;
+    need(sizeof(T));
+    std::memcpy(&v, b_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return v;
+  }
+  template <typename T>
+  std::vector<T> get_vector() {
+    const uint64_t n = get<uint64_t>();
+    PARITY_CHECK(n <= (b_.size() - at_) / sizeof(T), "MPI message: a vector of {} past its end", n);
+    std::vector<T> v(n);
+    std::memcpy(v.data(), b_.data() + at_, n * sizeof(T));
+    at_ += n * sizeof(T);
+    return v;
+  }
+  std::string get_string() {
+    const uint64_t n = get<uint64_t>();
+    need(n);
+    std::string s = b_.substr(at_, n);
+    at_ += n;
+    return s;
+  }
+
+ private:
+  void need(size_t n) const {
+    PARITY_CHECK(n <= b_.size() - at_, "MPI message: {} bytes past its end", n);
+  }
+  const std::string& b_;
+  size_t at_ = 0;
+};
+
+void send(const std::string& bytes, int dest, int tag) {
+  PARITY_CHECK(bytes.size() < size_t(1) << 31, "MPI message of {} bytes", bytes.size());
+  MPI_Send(bytes.data(), int(bytes.size()), MPI_BYTE, dest, tag, MPI_COMM_WORLD);
+}
+
+// Receives the message `status` announced (after MPI_Probe / MPI_Iprobe).
+std::string receive(const MPI_Status& status) {
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  std::string bytes(size_t(count), '\0');
+  MPI_Recv(bytes.data(), count, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, MPI_COMM_WORLD,
+           MPI_STATUS_IGNORE);
+  return bytes;
+}
+
+std::string encode_item(const WorkItem& item) {
+  Writer w;
+  w.put(uint64_t(item.index)).put(item.request.id).put_vector(item.request.prompt);
+  return w.bytes();
+}
+
+WorkItem decode_item(const std::string& bytes) {
+  Reader r(bytes);
+  WorkItem item;
+  item.index = size_t(r.get<uint64_t>());
+  item.request.id = r.get<uint64_t>();
+  item.request.prompt = r.get_vector<TokenId>();
+  return item;
+}
+
+std::string encode_result(size_t index, const EngineResult& res) {
+  Writer w;
+  w.put(uint64_t(index)).put(int32_t(res.finish)).put(int32_t(res.worker)).put(res.ttft_seconds);
+  w.put_vector(res.generated).put_string(res.error);
+  return w.bytes();
+}
+
+std::pair<size_t, EngineResult> decode_result(const std::string& bytes) {
+  Reader r(bytes);
+  const size_t index = size_t(r.get<uint64_t>());
+  EngineResult res;
+  const int32_t finish = r.get<int32_t>();
+  PARITY_CHECK(finish >= 0 && finish <= int32_t(FinishReason::error), "MPI message: finish {}",
+               finish);
+  res.finish = FinishReason(finish);
+  res.worker = r.get<int32_t>();
+  res.ttft_seconds = r.get<double>();
+  res.generated = r.get_vector<TokenId>();
+  res.error = r.get_string();
+  return {index, std::move(res)};
+}
+
+std::string encode_stats(const EngineStats& s) {
+  Writer w;
+  w.put(uint64_t(s.requests)).put(uint64_t(s.failed)).put(s.prompt_tokens).put(s.generated_tokens);
+  w.put(s.prefill_rows).put(s.decode_rows).put(s.steps).put(s.wall_seconds);
+  w.put(s.prefill_seconds).put(s.decode_seconds).put_vector(s.ttft_seconds);
+  return w.bytes();
+}
+
+EngineStats decode_stats(const std::string& bytes) {
+  Reader r(bytes);
+  EngineStats s;
+  s.requests = size_t(r.get<uint64_t>());
+  s.failed = size_t(r.get<uint64_t>());
+  s.prompt_tokens = r.get<int64_t>();
+  s.generated_tokens = r.get<int64_t>();
+  s.prefill_rows = r.get<int64_t>();
+  s.decode_rows = r.get<int64_t>();
+  s.steps = r.get<int64_t>();
+  s.wall_seconds = r.get<double>();
+  s.prefill_seconds = r.get<double>();
+  s.decode_seconds = r.get<double>();
+  s.ttft_seconds = r.get_vector<double>();
+  return s;
+}
+
+// A rank's requests come from rank 0, one per question.
+class RemoteWorkSource final : public WorkSource {
+ public:
+  std::optional<WorkItem> next() override {
+    if (exhausted_) return std::nullopt;
+    send({}, 0, kAsk);
+    MPI_Status status;
+    MPI_Probe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &status);
+    const std::string bytes = receive(status);
+    if (status.MPI_TAG == kNone) {
+      exhausted_ = true;
+      return std::nullopt;
+    }
+    PARITY_CHECK(status.MPI_TAG == kItem, "MPI: tag {} from rank 0", status.MPI_TAG);
+    return decode_item(bytes);
+  }
+  void done(size_t index, EngineResult result) override {
+    send(encode_result(index, result), 0, kResult);
+  }
+
+ private:
+  bool exhausted_ = false;
+};
+
+}  // namespace
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  if (provided < MPI_THREAD_FUNNELED) {
+    MPI_Finalize();
+    fail("MPI: the library provides thread level {}, the engine needs MPI_THREAD_FUNNELED",
+         provided);
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_size(local, &local_size_);
+  MPI_Comm_free(&local);
+}
+
+MpiSession::~MpiSession() {
+  MPI_Finalize();
+}
+
+void MpiSession::abort(int code) const {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<EngineStats()>& local,
+                std::vector<EngineStats>& per_rank, const std::function<void()>& poll) {
+  per_rank.assign(size_t(mpi.size()), EngineStats{});
+  std::atomic<bool> local_done = false;
+  std::exception_ptr local_error;
+  std::thread engine([&] {
+    try {
+      per_rank[0] = local();
+    } catch (...) {
+      local_error = std::current_exception();
+    }
+    local_done = true;
+  });
+  int active = mpi.size() - 1;
+  auto last_poll = std::chrono::steady_clock::now();
+  while (active > 0 || !local_done) {
+    int flag = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &status);
+    const auto now = std::chrono::steady_clock::now();
+    if (poll && now - last_poll > std::chrono::milliseconds(200)) {
+      poll();
+      last_poll = now;
+    }
+    if (flag == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      continue;
+    }
+    const std::string bytes = receive(status);
+    switch (status.MPI_TAG) {
+      case kAsk:
+        if (std::optional<WorkItem> item = queue.next())
+          send(encode_item(*item), status.MPI_SOURCE, kItem);
+        else
+          send({}, status.MPI_SOURCE, kNone);
+        break;
+      case kResult: {
+        auto [index, result] = decode_result(bytes);
+        queue.done(index, std::move(result));
+        break;
+      }
+      case kStats:
+        per_rank[size_t(status.MPI_SOURCE)] = decode_stats(bytes);
+        --active;
+        break;
+      default:
+        fail("MPI: unknown tag {} from rank {}", status.MPI_TAG, status.MPI_SOURCE);
+    }
+  }
+  engine.join();
+  if (local_error) std::rethrow_exception(local_error);
+  if (poll) poll();
+}
+
+void work_for_rank0(const MpiSession& mpi, Engine& engine) {
+  RemoteWorkSource source;
+  engine.run(source, {}, Clock::now(), mpi.rank());
+  send(encode_stats(engine.stats()), 0, kStats);
+}
+
+}  // namespace parity

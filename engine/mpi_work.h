@@ -1,0 +1,51 @@
+// Several hosts through MPI (OpenMPI): one rank per GPU as mpirun or srun start them. Rank 0
+// reads the requests, hands them out one at a time to whichever rank asks (its own engine, on a
+// thread, included), collects the results and writes the output; the other ranks run an engine
+// whose WorkSource is rank 0 (RemoteWorkSource). A rank's local rank picks its GPU.
+//
+// Rank 0's main thread alone calls MPI (MPI_THREAD_FUNNELED): it serves the queue while its
+// engine thread pulls from the same queue in memory.
+#pragma once
+#include <functional>
+#include <memory>
+
+#include "engine/engine.h"
+#include "engine/work_queue.h"
+
+namespace parity {
+
+// True when this process was started by an MPI launcher (mpirun, srun): the environment names
+// a world (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK).
+bool launched_by_mpi();
+
+class MpiSession {
+ public:
+  // MPI_Init_thread with MPI_THREAD_FUNNELED; throws when the library gives less.
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();  // MPI_Finalize
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // among the ranks of this host
+  int local_size() const { return local_size_; }
+  // Ends every rank at once with `code` (an error one rank found that the others cannot know).
+  [[noreturn]] void abort(int code) const;
+
+ private:
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// Rank 0: serves `queue` to the other ranks while `local` (rank 0's own engine run, on a thread
+// of its own) pulls from it too; returns when every rank has reported its end, with every rank's
+// stats in `per_rank` (index = rank). `poll` (may be empty) is called on this thread between
+// messages (progress display).
+void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<EngineStats()>& local,
+                std::vector<EngineStats>& per_rank, const std::function<void()>& poll);
+
+// Ranks other than 0: runs `engine` on requests from rank 0 until there are none left, then
+// reports its stats.
+void work_for_rank0(const MpiSession& mpi, Engine& engine);
+
+}  // namespace parity

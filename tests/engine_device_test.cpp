@@ -1,0 +1,163 @@
+// The engine's device runner (engine/device_runner.h) on the tiny model: its greedy tokens are
+// the argmax of the logits the traced `hip` backend computes for the same tokens (same kernels),
+// its sampled tokens are the host sampler's on those logits, a request's tokens do not depend on
+// its batch, and a small paged KV cache still runs every request. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include "engine/engine.h"
+#include "engine/graph_runner.h"
+#include "model/checkpoint.h"
+#include "model/forward.h"
+#include "tests/test_util.h"
+#include "tools/common.h"
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+#include "device/hip_backend.h"
+#include "engine/device_runner.h"
+#endif
+
+namespace parity {
+namespace {
+
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+
+const Model& tiny_model() {
+  static std::unique_ptr<Model> m = Model::load(test::tiny_model_dir());
+  return *m;
+}
+
+std::vector<EngineRequest> requests(int count) {
+  std::vector<EngineRequest> r;
+  for (int i = 0; i < count; ++i) {
+    EngineRequest q;
+    q.id = uint64_t(i);
+    const int length = i % 5 == 0 ? 70 + i : 1 + (i * 7) % 20;
+    for (int j = 0; j < length; ++j) q.prompt.push_back(TokenId((3 + 41 * i + 19 * j) % 1000));
+    r.push_back(std::move(q));
+  }
+  return r;
+}
+
+// max_context 0: the traced backend's default (the attention kernels split keys by it).
+std::unique_ptr<StepRunner> device_runner(size_t kv_bytes = 0, int max_context = 0) {
+  device::DeviceOptions o;
+  o.max_context = max_context;
+  o.kv_bytes = kv_bytes;
+  o.kv_sequences = kv_bytes == 0 ? 64 : 0;
+  return make_device_runner(tiny_model(), o, false);
+}
+
+EngineOptions options(int max_batch, int step_tokens, double temperature) {
+  EngineOptions o;
+  o.max_tokens = 12;
+  o.limits.max_batch = max_batch;
+  o.limits.step_tokens = step_tokens;
+  o.sampling.temperature = temperature;
+  o.sampling.top_p = 0.9;
+  o.sampling.top_k = 40;
+  o.sampling.seed = 3;
+  return o;
+}
+
+class EngineDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = test::candidate_unavailable("hip"); !why.empty())
+      GTEST_SKIP() << why;
+  }
+};
+
+// The traced hip backend's logits for `prompt` followed by `generated`, one row per generated
+// token (the row that produced it).
+std::vector<std::vector<float>> traced_logits(Backend& hip, const std::vector<TokenId>& prompt,
+                                              const std::vector<TokenId>& generated) {
+  hip.reset();
+  std::vector<TokenId> all = prompt;
+  all.insert(all.end(), generated.begin(), generated.end() - 1);
+  Batch b;
+  for (size_t p = 0; p < all.size(); ++p) {
+    b.tokens.push_back(all[p]);
+    b.positions.push_back(int32_t(p));
+    b.seqs.push_back(0);
+  }
+  forward(hip, b);
+  std::vector<std::vector<float>> rows;
+  for (size_t i = 0; i < generated.size(); ++i) {
+    const StageData d = hip.read(Stage::logits, kModelLayer, int(prompt.size() - 1 + i));
+    rows.emplace_back(d.f32.begin(), d.f32.end());
+  }
+  return rows;
+}
+
+TEST_F(EngineDevice, GreedyTokensAreTheArgmaxOfTheTracedHipLogits) {
+  auto runner = device_runner();
+  Engine engine(*runner, options(4, 9, 0));
+  const auto reqs = requests(10);
+  const auto results = engine.run(reqs);
+  auto hip = make_hip_backend(tiny_model());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_FALSE(results[i].generated.empty());
+    const auto rows = traced_logits(*hip, reqs[i].prompt, results[i].generated);
+    for (size_t t = 0; t < rows.size(); ++t)
+      ASSERT_EQ(results[i].generated[t], greedy_token(std::span<const float>(rows[t])))
+          << "request " << i << " token " << t;
+  }
+}
+
+TEST_F(EngineDevice, SampledTokensAreTheHostSamplersOnTheTracedHipLogits) {
+  auto runner = device_runner();
+  const EngineOptions o = options(4, 9, 0.9);
+  Engine engine(*runner, o);
+  const auto reqs = requests(10);
+  const auto results = engine.run(reqs);
+  auto hip = make_hip_backend(tiny_model());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto rows = traced_logits(*hip, reqs[i].prompt, results[i].generated);
+    for (size_t t = 0; t < rows.size(); ++t)
+      ASSERT_EQ(results[i].generated[t],
+                sample_token(std::span<const float>(rows[t]), o.sampling, reqs[i].id, t))
+          << "request " << i << " token " << t;
+  }
+}
+
+TEST_F(EngineDevice, ARequestsTokensDoNotDependOnItsBatch) {
+  const auto reqs = requests(12);
+  for (const double temperature : {0.0, 0.9}) {
+    auto runner = device_runner();
+    std::vector<std::vector<TokenId>> alone;
+    {
+      Engine one(*runner, options(1, 64, temperature));
+      for (const auto& r : reqs) alone.push_back(one.run({r}).at(0).generated);
+    }
+    Engine many(*runner, options(12, 32, temperature));
+    const auto results = many.run(reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(results[i].generated, alone[i]) << "request " << i << " temperature "
+                                                << temperature;
+  }
+}
+
+TEST_F(EngineDevice, ASmallPagedCacheRunsEveryRequest) {
+  const auto reqs = requests(30);
+  auto roomy = device_runner(0, 256);
+  const auto expected = Engine(*roomy, options(16, 64, 0.9)).run(reqs);
+  // Room for a few sequences only: admission waits for retirements, blocks are reused.
+  const size_t block_bytes = size_t(roomy->config().kv_dim()) * 2 * 32 * sizeof(float) *
+                             size_t(roomy->config().num_hidden_layers);
+  auto small = device_runner(block_bytes * 24, 256);
+  ASSERT_LT(small->kv_blocks(), roomy->kv_blocks());
+  Engine engine(*small, options(16, 64, 0.9));
+  const auto results = engine.run(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(results[i].generated, expected[i].generated) << "request " << i;
+}
+
+#else
+
+TEST(EngineDevice, NeedsTheDeviceEngine) {
+  GTEST_SKIP() << "this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)";
+}
+
+#endif
+
+}  // namespace
+}  // namespace parity

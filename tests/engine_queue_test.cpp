@@ -1,0 +1,141 @@
+// The engine's admission under a small KV cache, the shared work queue of several engines, and
+// requests refused one by one: on the CPU backends with the tiny model (CI).
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "device/runtime/kv_blocks.h"
+#include "engine/engine.h"
+#include "engine/graph_runner.h"
+#include "engine/tiny_tokenizer.h"
+#include "model/checkpoint.h"
+#include "model/error.h"
+#include "tests/test_util.h"
+#include "tools/common.h"
+
+namespace parity {
+namespace {
+
+const Model& tiny_model() {
+  static std::unique_ptr<Model> m = Model::load(test::tiny_model_dir());
+  return *m;
+}
+
+// Many short and a few long prompts, with assorted output lengths through max_tokens.
+std::vector<EngineRequest> mixed_requests(int count) {
+  std::vector<EngineRequest> r;
+  for (int i = 0; i < count; ++i) {
+    EngineRequest q;
+    q.id = uint64_t(1000 + i);
+    const int length = i % 7 == 0 ? 90 + i % 40 : 1 + (i * 5) % 12;
+    for (int j = 0; j < length; ++j) q.prompt.push_back(TokenId((11 + 29 * i + 13 * j) % 1000));
+    r.push_back(std::move(q));
+  }
+  return r;
+}
+
+EngineOptions options(int max_batch, int step_tokens) {
+  EngineOptions o;
+  o.max_tokens = 24;
+  o.limits.max_batch = max_batch;
+  o.limits.step_tokens = step_tokens;
+  o.sampling.temperature = 0.8;
+  o.sampling.top_k = 50;
+  o.sampling.seed = 7;
+  return o;
+}
+
+TEST(EngineQueue, SmallKvMemoryRunsEverythingInOrderWithoutDeadlock) {
+  const auto requests = mixed_requests(40);
+  auto unlimited_backend = make_backend("cpu-f32", tiny_model());
+  GraphRunner unlimited(*unlimited_backend);
+  Engine reference(unlimited, options(8, 64));
+  const std::vector<EngineResult> expected = reference.run(requests);
+
+  // A cache for about two of the long requests at a time: admission must wait for retirements.
+  const device::KvLayout layout = device::KvLayout::of(tiny_model().config, 32);
+  const int long_need = layout.blocks_per_sequence(130 + 24, 64);
+  auto small_backend = make_backend("cpu-f32", tiny_model());
+  GraphRunner small(*small_backend, 2 * long_need + 1, 32);
+  Engine engine(small, options(8, 64));
+  LocalQueue queue(requests);
+  engine.run(queue);
+  ASSERT_EQ(queue.completed(), requests.size());
+  const std::vector<EngineResult> got = queue.take_results();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i].finish, expected[i].finish) << "request " << i;
+    EXPECT_EQ(got[i].generated, expected[i].generated) << "request " << i;
+  }
+  // The small cache held fewer sequences at a time: more steps than with room for all.
+  EXPECT_GT(engine.stats().steps, reference.stats().steps);
+}
+
+TEST(EngineQueue, ARequestLargerThanTheCacheIsRefusedAndTheOthersRun) {
+  auto backend = make_backend("cpu-f32", tiny_model());
+  const device::KvLayout layout = device::KvLayout::of(tiny_model().config, 32);
+  GraphRunner runner(*backend, layout.blocks_per_sequence(100, 16), 32);  // 90 + 8 fits
+  EngineOptions o = options(4, 16);
+  o.max_tokens = 8;
+  Engine engine(runner, o);
+  std::vector<EngineRequest> requests = mixed_requests(6);
+  requests[2].prompt.assign(200, 5);  // 208 positions: more blocks than the cache has
+  LocalQueue queue(requests);
+  engine.run(queue);
+  const auto results = queue.take_results();
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (i == 2) {
+      EXPECT_EQ(results[i].finish, FinishReason::error);
+      EXPECT_NE(results[i].error.find("KV-cache blocks"), std::string::npos) << results[i].error;
+      EXPECT_TRUE(results[i].generated.empty());
+    } else {
+      EXPECT_NE(results[i].finish, FinishReason::error) << results[i].error;
+      EXPECT_FALSE(results[i].generated.empty());
+    }
+  }
+  EXPECT_EQ(engine.stats().failed, 1u);
+}
+
+TEST(EngineQueue, SeveralEnginesOnOneQueueGiveOneEnginesResults) {
+  const auto requests = mixed_requests(30);
+  auto one_backend = make_backend("cpu-f32", tiny_model());
+  Engine one(*one_backend, options(4, 32));
+  const std::vector<EngineResult> expected = one.run(requests);
+
+  constexpr int kEngines = 3;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int i = 0; i < kEngines; ++i) {
+    backends.push_back(make_backend("cpu-f32", tiny_model()));
+    engines.push_back(std::make_unique<Engine>(*backends.back(), options(4, 32)));
+  }
+  LocalQueue queue(requests);
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int i = 0; i < kEngines; ++i)
+    threads.emplace_back([&, i] { engines[size_t(i)]->run(queue, {}, start, i); });
+  for (std::thread& t : threads) t.join();
+  const std::vector<EngineResult> got = queue.take_results();
+  size_t taken = 0;
+  std::vector<int> per_worker(kEngines, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i].generated, expected[i].generated) << "request " << i;
+    ASSERT_GE(got[i].worker, 0);
+    ASSERT_LT(got[i].worker, kEngines);
+    ++per_worker[size_t(got[i].worker)];
+  }
+  for (const auto& e : engines) taken += e->stats().requests;
+  EXPECT_EQ(taken, requests.size());  // each request ran once
+}
+
+TEST(EngineQueue, LocalQueueRefusesADoubleCompletion) {
+  LocalQueue q({EngineRequest{1, {3}}});
+  auto item = q.next();
+  ASSERT_TRUE(item.has_value());
+  EXPECT_FALSE(q.next().has_value());
+  q.done(item->index, EngineResult{});
+  EXPECT_THROW(q.done(item->index, EngineResult{}), Error);
+  EXPECT_EQ(q.take_results().size(), 1u);
+}
+
+}  // namespace
+}  // namespace parity
