@@ -38,7 +38,8 @@ fi
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench)
 # The o200k_harmony tokenizer.json for the 20b (parity-synth copies it), when carried.
-[ -f "$DEPS_DIR/o200k_harmony/tokenizer.json" ] && export PARITY_TOKENIZER_ORACLE_DIR="$DEPS_DIR/o200k_harmony"
+synth_tokenizer=()
+[ -f "$DEPS_DIR/o200k_harmony/tokenizer.json" ] && synth_tokenizer=(--tokenizer "$DEPS_DIR/o200k_harmony/tokenizer.json")
 bin="$BUILD_DIR/bin"
 tiny_tokens="1,17,300,42,999,5,77,128,256,3,1000,64,9,511,22,700,31,8,123,900"
 
@@ -156,7 +157,7 @@ PY
 
 step_20b() {
   if [ ! -f "$MODELS_DIR/20b/config.json" ]; then
-    logged 20b "$bin/parity-synth" --preset 20b --out "$MODELS_DIR/20b"
+    logged 20b "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
     du -sh "$MODELS_DIR/20b" | tee -a "$LOG_DIR/20b.log"
   fi
   trace_20b 20b 0 200 1000 2049
@@ -164,7 +165,7 @@ step_20b() {
 
 step_20b-real() {
   if [ ! -f "$MODELS_DIR/20b-real/config.json" ]; then
-    logged 20b-real "$bin/parity-synth" --preset 20b --magnitudes realistic --out "$MODELS_DIR/20b-real"
+    logged 20b-real "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --magnitudes realistic --out "$MODELS_DIR/20b-real"
   fi
   trace_20b 20b-real 0 200
 }
@@ -186,7 +187,7 @@ step_replay-cost() {
 }
 
 step_bench() {
-  [ -f "$MODELS_DIR/20b/config.json" ] || logged bench "$bin/parity-synth" --preset 20b --out "$MODELS_DIR/20b"
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged bench "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
   logged bench "$bin/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip --positions 128 \
     --warmup 16 -q
   grep -E "median|floor|bandwidth|work per" "$LOG_DIR/bench.log" | tail -n 4
@@ -229,7 +230,7 @@ PY
 # concurrent requests (prompts of 20-400 words, 128 generated tokens each), prefill tokens/s on
 # 2,048-token prompts, and the per-kernel times at batch 1 and 64.
 step_engine-bench() {
-  [ -f "$MODELS_DIR/20b/config.json" ] || logged engine-bench "$bin/parity-synth" --preset 20b --out "$MODELS_DIR/20b"
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged engine-bench "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
   [ -f "$MODELS_DIR/20b/tokenizer.json" ] || { echo "engine-bench: the 20b has no tokenizer.json"; return 1; }
   local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip -m getp --no-progress)
   mkdir -p "$req"
@@ -262,22 +263,22 @@ step_hf-generate() {
   grep -E "^N=|loaded|torch" "$LOG_DIR/hf-generate.log"
 }
 
-# Several GPUs of one host: the same 256 requests on 1 GPU, on every GPU (--gpus all), and
+# Several GPUs of one host: the same 128 requests (64 tokens each) on 1 GPU, on every GPU (--gpus all), and
 # through mpirun with one rank per GPU; the outputs must be equal.
 step_engine-gpus() {
-  [ -f "$MODELS_DIR/20b/config.json" ] || logged engine-gpus "$bin/parity-synth" --preset 20b --out "$MODELS_DIR/20b"
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged engine-gpus "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
   local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip -m getp --no-progress)
   mkdir -p "$req"
-  make_requests 256 20 400 "$req/mixed-256.txt"
+  make_requests 128 20 400 "$req/mixed-128.txt"
   local gpus
   gpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
-  logged engine-gpus "${run[@]}" -i "$req/mixed-256.txt" -o "$req/gpus-1.txt" -n 128 --max-batch 64 --step-tokens 2048
-  logged engine-gpus "${run[@]}" -i "$req/mixed-256.txt" -o "$req/gpus-all.txt" -n 128 --max-batch 64 --step-tokens 2048 \
+  logged engine-gpus "${run[@]}" -i "$req/mixed-128.txt" -o "$req/gpus-1.txt" -n 64 --max-batch 64 --step-tokens 2048
+  logged engine-gpus "${run[@]}" -i "$req/mixed-128.txt" -o "$req/gpus-all.txt" -n 64 --max-batch 64 --step-tokens 2048 \
     --gpus all
   cmp "$req/gpus-1.txt" "$req/gpus-all.txt" | tee -a "$LOG_DIR/engine-gpus.log"
   if command -v mpirun >/dev/null; then
-    logged engine-gpus mpirun --allow-run-as-root -np "$gpus" "${run[@]}" -i "$req/mixed-256.txt" \
-      -o "$req/mpi.txt" -n 128 --max-batch 64 --step-tokens 2048
+    logged engine-gpus mpirun --allow-run-as-root -np "$gpus" "${run[@]}" -i "$req/mixed-128.txt" \
+      -o "$req/mpi.txt" -n 64 --max-batch 64 --step-tokens 2048
     cmp "$req/gpus-1.txt" "$req/mpi.txt" | tee -a "$LOG_DIR/engine-gpus.log"
   fi
   grep -E "^run: |^run:   " "$LOG_DIR/engine-gpus.log"

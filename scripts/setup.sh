@@ -4,10 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# python3-h5py and python3-numpy run the Python capture's test (python/parity_capture);
+# libopenmpi-dev and openmpi-bin build `run` with MPI and run its two-rank test.
 # nodejs and npm run the tokenizer's oracle (scripts/tokenizer_oracle.sh). npm is listed only where
 # no npm command exists: NodeSource's nodejs bundles npm and conflicts with Debian's npm package.
 packages=(cmake ninja-build g++ pkg-config libhdf5-dev libcli11-dev libfmt-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libpugixml-dev libxxhash-dev libpcre2-dev nodejs
+          python3-h5py python3-numpy libopenmpi-dev openmpi-bin
           $(command -v npm >/dev/null || echo npm))
 bash scripts/install_packages.sh "${packages[@]}"
 

@@ -71,6 +71,189 @@ class OutputLock {
   int fd_ = -1;
 };
 
+// The reference's observer for a capture: every wanted row into the trace, with its magnitude
+// row (for the derived bounds). Rows of one step are positions first, first + 1, ... of
+// sequence 0, so a row's index is its position minus the step's first.
+class ReferenceRecorder final : public Observer {
+ public:
+  ReferenceRecorder(Backend& reference, TraceWriter& writer)
+      : reference_(reference), writer_(writer) {}
+  void begin_step(int first) { first_ = first; }
+  bool wants(int position, int layer, Stage s) const override {
+    return writer_.wants(position, layer, s);
+  }
+  void record(const StageKey& key, const StageData& data) override {
+    writer_.record(key, data);
+    if (auto m = reference_.magnitude(key.stage, key.layer, key.position - first_)) {
+      StageKey mk = key;
+      mk.series = Series::magnitude;
+      writer_.record(mk, *m);
+    }
+  }
+
+ private:
+  Backend& reference_;
+  TraceWriter& writer_;
+  int first_ = 0;
+};
+
+// The tolerance a capture is judged by when no criterion is asked for: the profile of the
+// precision the port stores its activations in (a capture has no replay, so only the
+// accumulated error exists; see README "Tracing your own port").
+Criterion capture_criterion(const TraceReader& capture) {
+  const double u = capture.meta().precision_policy
+                       ? capture.meta().precision_policy->storage_unit_roundoff
+                       : 0x1p-24;
+  Criterion c = Criterion::fixed(tolerance_profile(u >= 0x1p-11 ? "bf16" : "fp32"));
+  c.judge = Judge::accumulated;
+  return c;
+}
+
+// parity-trace --candidate-trace FILE: the reference on the capture's tokens, then the diff.
+int trace_capture(const TraceReader& capture, const std::string& model,
+                  const std::string& models_dir, const std::vector<int32_t>& tokens_flag,
+                  bool tokens_given, const Criterion& criterion, int step_rows,
+                  const std::string& out, const std::string& junit_path) {
+  std::vector<Phase> phases;
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string& capture_path = capture.path();
+  const TraceMeta& cm = capture.meta();
+  auto m = Model::load(resolve_model(model, models_dir));
+  const Config& c = m->config;
+  phases.push_back({"load", since(t0)});
+  // The capture must be of this model: its config, its checkpoint, positions 0..n-1.
+  const nlohmann::json want = c.to_json(), got = capture.config().to_json();
+  if (want != got) {
+    std::string what = "config differs";
+    for (const auto& [k, v] : want.items())
+      if (!got.contains(k) || got[k] != v) {
+        what = fmt::format("config field {}: {} in the capture, {} in {}", k,
+                           got.contains(k) ? json_excerpt(got[k]) : "(absent)", json_excerpt(v),
+                           m->dir);
+        break;
+      }
+    fail("{}: a capture of another model than {} ({})", capture_path, m->dir, what);
+  }
+  if (!cm.fingerprint.empty() && cm.fingerprint != m->fingerprint)
+    fail("{}: a capture of another checkpoint (fingerprint {}) than {} ({})", capture_path,
+         cm.fingerprint, m->dir, m->fingerprint);
+  const std::vector<int32_t>& tokens = cm.tokens;
+  if (tokens.empty())
+    fail("{}: the capture records no tokens (attribute \"tokens\" of /)", capture_path);
+  if (!cm.positions.empty()) {
+    if (cm.positions.size() != tokens.size())
+      fail("{}: {} positions for {} tokens", capture_path, cm.positions.size(), tokens.size());
+    for (size_t i = 0; i < cm.positions.size(); ++i)
+      if (cm.positions[i] != int32_t(i))
+        fail("{}: token {} is at position {}; a capture holds positions 0, 1, ... in order",
+             capture_path, i, cm.positions[i]);
+  }
+  if (int64_t(tokens.size()) > c.max_position_embeddings)
+    fail("{}: {} tokens, past the context of {} ({} positions)", capture_path, tokens.size(),
+         m->dir, c.max_position_embeddings);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+      fail("{}: token id {} at position {} is out of range for {} (vocabulary 0..{})", capture_path,
+           tokens[i], i, m->dir, c.vocab_size - 1);
+  if (tokens_given && tokens_flag != tokens) {
+    size_t i = 0;
+    while (i < tokens_flag.size() && i < tokens.size() && tokens_flag[i] == tokens[i]) ++i;
+    fail("{}: captured on other tokens than --tokens (position {}: {} in the capture, {} given)",
+         capture_path, i, i < tokens.size() ? std::to_string(tokens[i]) : "none",
+         i < tokens_flag.size() ? std::to_string(tokens_flag[i]) : "none");
+  }
+  std::set<int> positions;
+  for (const auto& e : capture.entries()) {
+    if (size_t(e.key.position) >= tokens.size())
+      fail("{}: {} is at position {}, but the capture has {} tokens", capture_path, e.path,
+           e.key.position, tokens.size());
+    positions.insert(e.key.position);
+  }
+  if (positions.empty())
+    fail("{}: the capture holds no stage rows; nothing to compare", capture_path);
+  if (criterion.judge == Judge::local && !capture.has_series(Series::replay))
+    fail("--judge local: {} is a capture without replay; its local errors are unknown",
+         capture_path);
+
+  fs::create_directories(out);
+  const OutputLock lock(out);
+  const fs::path ref_path = fs::path(out) / "reference.h5";
+  std::error_code ec;
+  if (fs::exists(ref_path, ec) && fs::equivalent(ref_path, capture_path, ec))
+    fail("{}: the capture would be overwritten by the reference trace; give another --out",
+         capture_path);
+  for (const char* f : {"report.txt", "report.json", "report.xml", "report.html", "reference.h5"})
+    fs::remove(fs::path(out) / f);
+
+  t0 = std::chrono::steady_clock::now();
+  auto reference = make_backend("reference", *m);
+  phases.push_back({"reference setup", since(t0)});
+  t0 = std::chrono::steady_clock::now();
+  TraceMeta meta = trace_meta(*reference, *m);
+  meta.run = {{"candidate_trace", capture_path}, {"step_rows", step_rows}};
+  meta.run_id = cm.run_id.empty() ? new_run_id() : cm.run_id;
+  {
+    TraceWriter writer(ref_path.string(), meta, positions);
+    ReferenceRecorder recorder(*reference, writer);
+    reference->reset();
+    const int n = int(tokens.size()), last = *positions.rbegin();
+    for (int first = 0; first <= last; first += step_rows) {
+      Batch b;
+      for (int i = first; i < std::min(n, first + step_rows); ++i) {
+        b.tokens.push_back(tokens[size_t(i)]);
+        b.positions.push_back(i);
+        b.seqs.push_back(0);
+      }
+      recorder.begin_step(first);
+      forward(*reference, b, &recorder);
+    }
+    std::vector<int32_t> all_positions(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) all_positions[i] = int32_t(i);
+    writer.set_tokens(tokens, all_positions);
+    writer.finish();
+  }
+  phases.push_back({"reference", since(t0)});
+
+  t0 = std::chrono::steady_clock::now();
+  const TraceReader b(ref_path.string());
+  DiffOptions options;
+  options.capture = true;
+  DiffResult result = diff_traces(capture, b, criterion, options);
+  phases.push_back({"diff", since(t0)});
+  if (result.datasets.size() == result.not_captured)
+    fail("{}: none of the capture's datasets is one the reference traced", capture_path);
+
+  std::string timing;
+  for (const auto& p : phases)
+    timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
+  std::string extra = fmt::format("candidate: capture {} ({}, {}); {} tokens\n", capture_path,
+                                  cm.backend, cm.precision, tokens.size());
+  if (cm.fingerprint.empty())
+    extra += "checkpoint: the capture records no fingerprint; only its config was checked\n";
+  extra += "timing: " + timing + "\n";
+  write_file_atomically((fs::path(out) / "report.txt").string(), report_text(result) + extra);
+  nlohmann::json j = report_json(result);
+  j["timing_seconds"] = nlohmann::json::object();
+  for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
+  j["candidate_backend"] = cm.backend;
+  j["candidate_trace"] = capture_path;
+  j["tokens"] = tokens;
+  write_file_atomically((fs::path(out) / "report.json").string(), j.dump(2) + "\n");
+  write_file_atomically((fs::path(out) / "report.xml").string(), report_junit(result));
+  write_file_atomically((fs::path(out) / "report.html").string(), report_html(result));
+  if (!junit_path.empty()) write_file_atomically(junit_path, report_junit(result));
+  const fs::path dir(out);
+  std::cout << verdict_line(result) << "\n"
+            << extra
+            << fmt::format(
+                   "traces: {} (capture), {} (reference)\nreports: {} (text), {} (JSON), {} "
+                   "(JUnit), {} (HTML)\n",
+                   capture_path, ref_path.string(), (dir / "report.txt").string(),
+                   (dir / "report.json").string(), (dir / "report.xml").string(),
+                   (dir / "report.html").string());
+  return result.diverged() ? kExitDiverged : kExitOk;
+}
+
 int trace_main(int argc, char** argv) {
   CLI::App app{
       "parity-trace: run the float64 reference and a candidate backend over one stage graph in "
@@ -119,6 +302,14 @@ int trace_main(int argc, char** argv) {
                  "output directory for reference.h5, candidate.h5 and the reports (report.txt, "
                  ".json, .xml (JUnit), .html)")
       ->required();
+  std::string candidate_trace;
+  auto* o_capture = app.add_option(
+      "--candidate-trace", candidate_trace,
+      "diff a capture of your own port (parity_capture.h, python/parity_capture) instead of "
+      "running "
+      "a candidate: the reference runs on the capture's tokens (--tokens, if given, must match "
+      "them); stages the port did not capture are listed as not captured");
+  o_capture->excludes(o_token)->excludes(o_pos);
   app.add_option("--junit", junit_path,
                  "also write the JUnit report to FILE; on an error, a JUnit file whose one "
                  "testcase carries the error line");
@@ -126,6 +317,23 @@ int trace_main(int argc, char** argv) {
   // Everything after the command line runs here, so that an error can still leave the JUnit
   // file asked for, with the error line in it.
   const auto run = [&]() -> int {
+    if (o_capture->count() > 0) {
+      for (const char* flag :
+           {"--candidate", "--inject", "--generate", "--free-run", "--no-replay"})
+        if (app.get_option(flag)->count() > 0)
+          fail("{} does not apply to --candidate-trace (the capture is the candidate)", flag);
+      bool asked = false;
+      for (const char* flag : {"--tolerance", "--profile", "--atol", "--rtol", "--stage-tol",
+                               "--lambda", "--bound-safety"})
+        asked |= app.get_option(flag)->count() > 0;
+      const TraceReader capture(candidate_trace);  // refuses a truncated or foreign file, naming it
+      Criterion criterion = asked ? criterion_from_flags(cf) : capture_criterion(capture);
+      if (asked && cf.judge.empty()) criterion.judge = Judge::accumulated;
+      if (!cf.judge.empty())
+        criterion.judge = cf.judge == "local" ? Judge::local : Judge::accumulated;
+      return trace_capture(capture, model, models_dir, tokens, o_tokens->count() > 0, criterion,
+                           step_rows, out, junit_path);
+    }
     if (o_tokens->count() == 0 && o_token->count() == 0)
       fail("give --tokens t0,t1,... or --token T --pos P");
     if (candidate.empty()) candidate = default_candidate();
@@ -250,7 +458,8 @@ int trace_main(int argc, char** argv) {
     j["candidate_facts"] = cand->facts();
     j["tokens"] = run.tokens;
     j["generated"] = nlohmann::json::array();
-    for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i) j["generated"].push_back(run.tokens[i]);
+    for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i)
+      j["generated"].push_back(run.tokens[i]);
     if (inj) j["injected_fault"] = inj->str();
     write_file_atomically((fs::path(out) / "report.json").string(), j.dump(2) + "\n");
     write_file_atomically((fs::path(out) / "report.xml").string(), report_junit(result));

@@ -114,7 +114,7 @@ std::vector<TokenId> parse_ids(const std::string& text, const std::string& path)
 }
 
 struct RunFlags {
-  std::string model, models_dir, mode = "generate", input, output, backend = "cpu-f32";
+  std::string model, models_dir, mode = "generate", input, output, backend;
   std::string gpus, kv_memory;
   bool text = false, harmony = false, allow_special = false, kernel_times = false;
   bool no_progress = false;
@@ -465,8 +465,8 @@ int run_main(int argc, char** argv) {
   app.add_option("-s,--seed", f.sampling.seed, "the sampling generator's seed")
       ->capture_default_str();
   app.add_option("--backend", f.backend,
-                 "hip (the device engine), cpu-f32 or reference (the host backends)")
-      ->capture_default_str();
+                 "hip (the device engine), cpu-f32 or reference (the host backends); default hip "
+                 "where a GPU is there and the build has the device engine, else cpu-f32");
   app.add_option("--gpus", f.gpus,
                  "engines of this process: `all` or N GPUs with hip, one per GPU, sharing one "
                  "queue (N host engines with a host backend); default 1");
@@ -492,6 +492,7 @@ int run_main(int argc, char** argv) {
   app.add_option("--models-dir", f.models_dir, "where presets live");
   if (const auto done = parse_command_line(app, "run", argc, argv)) return *done;
   f.sampling.validate();
+  if (f.backend.empty()) f.backend = default_candidate();
 #ifdef PARITY_HAVE_MPI
   if (launched_by_mpi()) {
     MpiSession mpi(&argc, &argv);

@@ -50,15 +50,18 @@ void check_same_model(const TraceReader& a, const TraceReader& b) {
     fail("{} and {} come from different runs (run_id {} vs {}): one was left by an earlier or "
          "interrupted run; trace again",
          a.path(), b.path(), ma.run_id, mb.run_id);
-  if (ma.config != mb.config) {
+  // Traces written by other writers (a capture from Python records the checkpoint's config.json
+  // as it is) may spell the same config otherwise: what decides is the config they mean.
+  const nlohmann::json ca = a.config().to_json(), cb = b.config().to_json();
+  if (ca != cb) {
     std::string what = "config differs";
-    if (ma.config.is_object() && mb.config.is_object()) {
+    if (ca.is_object() && cb.is_object()) {
       std::set<std::string> keys;
-      for (const auto& [k, v] : ma.config.items()) keys.insert(k);
-      for (const auto& [k, v] : mb.config.items()) keys.insert(k);
+      for (const auto& [k, v] : ca.items()) keys.insert(k);
+      for (const auto& [k, v] : cb.items()) keys.insert(k);
       for (const auto& k : keys) {
-        const auto va = ma.config.contains(k) ? ma.config[k] : nlohmann::json();
-        const auto vb = mb.config.contains(k) ? mb.config[k] : nlohmann::json();
+        const auto va = ca.contains(k) ? ca[k] : nlohmann::json();
+        const auto vb = cb.contains(k) ? cb[k] : nlohmann::json();
         if (va != vb) {
           what = fmt::format("config field {}: {} vs {}", k, json_value_text(va), json_value_text(vb));
           break;
@@ -211,6 +214,7 @@ std::string_view status_name(DatasetStatus s) {
     case DatasetStatus::MissingInA: return "missing_in_a";
     case DatasetStatus::MissingInB: return "missing_in_b";
     case DatasetStatus::ShapeMismatch: return "shape_mismatch";
+    case DatasetStatus::NotCaptured: return "not_captured";
   }
   return "unknown";
 }
@@ -325,6 +329,7 @@ double side_severity(const SideDiff& s, bool decision) {
 }  // namespace
 
 double DatasetDiff::severity() const {
+  if (status == DatasetStatus::NotCaptured) return 0;
   if (status == DatasetStatus::MissingInA || status == DatasetStatus::MissingInB ||
       status == DatasetStatus::ShapeMismatch)
     return kInf;
@@ -333,6 +338,7 @@ double DatasetDiff::severity() const {
 }
 
 double DatasetDiff::accumulated_severity() const {
+  if (status == DatasetStatus::NotCaptured) return 0;
   if (!accumulated) return kInf;
   return side_severity(*accumulated, is_decision());
 }
@@ -340,6 +346,20 @@ double DatasetDiff::accumulated_severity() const {
 size_t DiffResult::failed_datasets() const {
   return size_t(std::count_if(datasets.begin(), datasets.end(),
                               [](const DatasetDiff& d) { return d.failed(); }));
+}
+
+std::string DiffResult::not_captured_stages() const {
+  std::map<Stage, std::pair<size_t, size_t>> by_stage;  // not captured, all
+  for (const auto& d : datasets) {
+    auto& [missing, all] = by_stage[d.key.stage];
+    ++all;
+    missing += d.status == DatasetStatus::NotCaptured;
+  }
+  std::vector<std::string> parts;
+  for (const auto& [stage, counts] : by_stage)
+    if (counts.first > 0)
+      parts.push_back(fmt::format("{} ({} of {})", name(stage), counts.first, counts.second));
+  return fmt::format("{}", fmt::join(parts, ", "));
 }
 
 namespace {
@@ -390,6 +410,7 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
   result.criterion = criterion;
   result.num_layers = layers_in(a, b);
   result.a_has_replay = a.has_series(Series::replay);
+  result.capture = options.capture;
   result.judged = criterion.judge.value_or(result.a_has_replay ? Judge::local : Judge::accumulated);
   if (result.judged == Judge::local && !result.a_has_replay)
     fail("{}: the candidate trace has no replay datasets, so its local errors are unknown (trace "
@@ -448,6 +469,10 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
         const StageData& idx = source.output(Stage::topk_idx, k.layer);
         for (size_t i = 0; i < idx.size(); ++i) d.slot_experts.push_back(int32_t(idx.at(i)));
       }
+    }
+    if (!has_out && options.capture) {
+      d.status = DatasetStatus::NotCaptured;
+      return;
     }
     if (!has_out || (d.judged == Judge::local && !has_replay)) {
       d.status = DatasetStatus::MissingInA;
@@ -580,6 +605,7 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
   }
 
   for (const DatasetDiff& d : result.datasets) {
+    result.not_captured += d.status == DatasetStatus::NotCaptured;
     if (!result.first_drift_path && d.accumulated && d.accumulated->failed)
       result.first_drift_path = d.path;
     if (result.first_divergence || !d.failed()) continue;

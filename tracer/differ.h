@@ -22,7 +22,11 @@
 // decided on explain it (the reference's gap between the two choices is within the bound of
 // those values for the local decision, within the candidate's measured error of them for the
 // accumulated one), otherwise a failure; the same experts in another order is named so.
-// Datasets present on one side only, or with different shapes, fail.
+// Datasets present on one side only, or with different shapes, fail -- except for a capture
+// (DiffOptions::capture: A traced by a user's own port through the capture API, which records
+// the stages it chooses): a dataset the reference has and the capture lacks is "not captured",
+// listed and counted but neither a pass nor a failure, and the first divergence is found among
+// the captured ones.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -37,8 +41,8 @@
 
 namespace parity {
 
-enum class DatasetStatus { Pass, Fail, MissingInA, MissingInB, ShapeMismatch };
-// "pass", "fail", "missing_in_a", "missing_in_b", "shape_mismatch"
+enum class DatasetStatus { Pass, Fail, MissingInA, MissingInB, ShapeMismatch, NotCaptured };
+// "pass", "fail", "missing_in_a", "missing_in_b", "shape_mismatch", "not_captured"
 std::string_view status_name(DatasetStatus s);
 
 enum class Judge { local, accumulated };
@@ -129,7 +133,10 @@ struct DatasetDiff {
   size_t rerouted_slots = 0;  // accumulated: rows whose expert differs from the reference's
   double amplification = 0;   // accumulated max abs err / local max abs err; NaN if undefined
 
-  bool failed() const { return status != DatasetStatus::Pass; }
+  bool failed() const {
+    return status != DatasetStatus::Pass && status != DatasetStatus::NotCaptured;
+  }
+  bool compared() const { return status == DatasetStatus::Pass || status == DatasetStatus::Fail; }
   bool is_decision() const { return parity::is_decision(key.stage); }
   // The side that decides; null when A lacks it (then the status says what is missing).
   const SideDiff* judged_side() const {
@@ -177,9 +184,14 @@ struct DiffResult {
   // What DiffOptions::selection left out: its description and how many datasets it skipped.
   std::string selection;  // empty: everything was compared
   size_t not_selected = 0;
+  bool capture = false;     // A is a capture (DiffOptions::capture)
+  size_t not_captured = 0;  // datasets of B that the capture lacks
 
   bool diverged() const { return first_divergence.has_value(); }
   size_t failed_datasets() const;
+  // "scores (4 of 4), mlp1 (4 of 4)": the stages with datasets not captured, and how many of
+  // each stage's datasets.
+  std::string not_captured_stages() const;
 };
 
 // Which datasets to compare, as parity-diff's --stage/--layer/--position, object paths and
@@ -202,6 +214,8 @@ struct DiffSelection {
 struct DiffOptions {
   size_t max_listed = 10;  // mismatching elements kept per dataset for the text report
   DiffSelection selection;
+  // A is a capture of a user's port: B's datasets that A lacks are not captured, not missing.
+  bool capture = false;
 };
 
 // Throws parity::Error naming both files when the traces are of different models (config or

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "model/error.h"
+#include "model/untrusted.h"
 
 namespace parity {
 namespace {
@@ -97,6 +98,7 @@ std::string failure_summary(const DiffResult& r, const DatasetDiff& d) {
     case DatasetStatus::ShapeMismatch:
       return fmt::format("{}: shape {} in A but {} in B", d.path, dims_text(d.dims_a),
                          dims_text(d.dims_b));
+    case DatasetStatus::NotCaptured: return fmt::format("{}: not captured by {}", d.path, r.a.file);
     case DatasetStatus::Pass: return fmt::format("{}: within the criterion", d.path);
     case DatasetStatus::Fail: break;
   }
@@ -140,6 +142,11 @@ std::string xml_escape(std::string_view s) {
 }
 
 std::string judged_text(const DiffResult& r) {
+  if (r.capture && r.judged == Judge::accumulated)
+    return "judged by accumulated error: A is a capture of a port, which cannot be re-run on the "
+           "reference's inputs (no replay), so error inherited from earlier stages counts as each "
+           "stage's own; the first divergence is where the port's output first leaves the "
+           "criterion: a bug there, or drift grown past it (look at the stages before it)";
   if (r.judged == Judge::local)
     return "judged by local error: each candidate stage re-run on the reference's inputs (replay)";
   if (!r.a_has_replay)
@@ -181,6 +188,9 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
     case DatasetStatus::ShapeMismatch:
       out += fmt::format("not comparable: shape {} in A but {} in B\n\n", dims_text(d.dims_a),
                          dims_text(d.dims_b));
+      return;
+    case DatasetStatus::NotCaptured:
+      out += fmt::format("not captured by {}\n\n", r.a.file);
       return;
     case DatasetStatus::Pass:
     case DatasetStatus::Fail: break;
@@ -244,8 +254,7 @@ void text_metrics_table(std::string& out, const DiffResult& r) {
   row("dataset", "status", "elements", "mismatches", "local_abs", "local_share", "accum_abs",
       "accum_share", "amplif", "accum_cosine", "accum_nmse", "max_ulp");
   for (const auto& d : r.datasets) {
-    const bool compared = d.status == DatasetStatus::Pass || d.status == DatasetStatus::Fail;
-    if (!compared) {
+    if (!d.compared()) {
       row(d.path, status_name(d.status), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-");
       continue;
     }
@@ -287,6 +296,7 @@ std::string cell_label(const Cell& c, bool accumulated) {
     case DatasetStatus::MissingInA:
     case DatasetStatus::MissingInB: return "missing";
     case DatasetStatus::ShapeMismatch: return "shape";
+    case DatasetStatus::NotCaptured: return "";
     case DatasetStatus::Pass:
     case DatasetStatus::Fail: break;
   }
@@ -366,7 +376,7 @@ std::string heatmap(const DiffResult& r, bool accumulated, Columns by) {
                                       std::vector<Cell>(static_cast<size_t>(std::max(columns, 0))));
   for (const auto& d : r.datasets) {
     const int col = column_of(d);
-    if (col < 0 || col >= columns) continue;
+    if (col < 0 || col >= columns || d.status == DatasetStatus::NotCaptured) continue;
     Cell& c = grid[size_t(d.key.stage)][size_t(col)];
     ++c.datasets;
     const double sev = accumulated ? d.accumulated_severity() : d.severity();
@@ -423,7 +433,11 @@ std::string heatmap(const DiffResult& r, bool accumulated, Columns by) {
 // ---- public -------------------------------------------------------------------------------------
 
 std::string verdict_line(const DiffResult& r) {
-  const size_t n = r.datasets.size();
+  const size_t n = r.datasets.size() - r.not_captured;
+  const std::string not_captured =
+      r.not_captured == 0 ? std::string()
+                          : fmt::format("; {} datasets not captured: {}", r.not_captured,
+                                        one_line(r.not_captured_stages(), 300));
   const std::string how = fmt::format("by {} error under {}", judge_name(r.judged),
                                       r.criterion.describe());
   if (!r.diverged()) {
@@ -435,7 +449,7 @@ std::string verdict_line(const DiffResult& r) {
                        judge_name(w->judged));
     if (r.drift_decisions > 0)
       s += fmt::format("; {} decision flip(s) within the bound (drift)", r.drift_decisions);
-    return s;
+    return s + not_captured;
   }
   const FirstDivergence& f = *r.first_divergence;
   std::string where = f.layer == kModelLayer
@@ -472,8 +486,8 @@ std::string verdict_line(const DiffResult& r) {
       what += fmt::format("; accumulated error there {}, amplification {}",
                           num(*f.accumulated_abs_err), num(f.amplification));
   }
-  return fmt::format("DIVERGED: {} of {} datasets differ {}; first divergence at {}: {}",
-                     r.failed_datasets(), n, how, where, what);
+  return fmt::format("DIVERGED: {} of {} datasets differ {}; first divergence at {}: {}{}",
+                     r.failed_datasets(), n, how, where, what, not_captured);
 }
 
 namespace {
@@ -481,13 +495,17 @@ namespace {
 // shares (and where the local one is), the largest amplification.
 void text_stage_table(std::string& out, const DiffResult& r) {
   struct Row {
-    size_t datasets = 0, failed = 0, flips = 0, drift = 0;
+    size_t datasets = 0, failed = 0, flips = 0, drift = 0, not_captured = 0;
     double local = -1, accumulated = -1, amplification = -1;
     const DatasetDiff* worst = nullptr;
   };
   std::map<Stage, Row> rows;
   for (const auto& d : r.datasets) {
     Row& row = rows[d.key.stage];
+    if (d.status == DatasetStatus::NotCaptured) {
+      ++row.not_captured;
+      continue;
+    }
     ++row.datasets;
     row.failed += d.failed();
     if (d.is_decision()) {
@@ -512,6 +530,11 @@ void text_stage_table(std::string& out, const DiffResult& r) {
     if (it == rows.end()) continue;
     const Row& row = it->second;
     auto val = [](double x) { return x < 0 ? std::string("-") : share_text(x); };
+    if (row.datasets == 0) {
+      out += line(fmt::format("{:<12} {:>9} {:>7} {:>12} {:>14} {:>12}  {}", si.name, 0, "-", "-",
+                              "-", "-", fmt::format("not captured ({} datasets)", row.not_captured)));
+      continue;
+    }
     if (is_decision(si.stage)) {
       out += line(fmt::format("{:<12} {:>9} {:>7} {:>12} {:>14} {:>12}  {}", si.name, row.datasets,
                               row.failed, "-", "-", "-",
@@ -546,8 +569,11 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
     out += "first divergence:\n";
     text_dataset(out, r, *culprit, options.count);
   }
-  out += fmt::format("summary: {} datasets compared, {} differ", r.datasets.size(),
+  out += fmt::format("summary: {} datasets compared, {} differ", r.datasets.size() - r.not_captured,
                      r.failed_datasets());
+  if (r.not_captured > 0)
+    out += fmt::format(", {} not captured by the port ({})", r.not_captured,
+                       r.not_captured_stages());
   if (!r.selection.empty())
     out += fmt::format(" (selected: {}; {} other datasets not compared)", r.selection, r.not_selected);
   if (r.drift_decisions > 0)
@@ -664,6 +690,8 @@ json report_json(const DiffResult& r) {
                   {"failed", r.failed_datasets()},
                   {"drift_decisions", r.drift_decisions}};
   if (!r.selection.empty()) summary["selection"] = {{"what", r.selection}, {"not_compared", r.not_selected}};
+  if (r.capture)
+    summary["not_captured"] = {{"datasets", r.not_captured}, {"stages", r.not_captured_stages()}};
   if (const DatasetDiff* w = worst_dataset(r))
     summary["largest_share"] = {{"path", w->path}, {"share", json_number(w->judged_side()->values.share)}};
   return {{"verdict", r.diverged() ? "diverged" : "pass"},
@@ -674,7 +702,7 @@ json report_json(const DiffResult& r) {
           {"judged", judge_name(r.judged)},
           {"candidate_precision_policy", r.policy.to_json()},
           {"a", {{"file", r.a.file}, {"backend", r.a.backend}, {"precision", r.a.precision},
-                 {"replay", r.a_has_replay}}},
+                 {"replay", r.a_has_replay}, {"capture", r.capture}}},
           {"b", {{"file", r.b.file}, {"backend", r.b.backend}, {"precision", r.b.precision}}},
           {"datasets", datasets}};
 }
@@ -705,13 +733,14 @@ pugi::xml_document junit_document() {
 
 std::string report_junit(const DiffResult& r) {
   struct StageCase {
-    size_t datasets = 0, failed = 0;
+    size_t datasets = 0, failed = 0, not_captured = 0;
     std::vector<const DatasetDiff*> failures;
   };
   std::map<Stage, StageCase> cases;
   for (const auto& d : r.datasets) {
     StageCase& c = cases[d.key.stage];
     ++c.datasets;
+    c.not_captured += d.status == DatasetStatus::NotCaptured;
     if (!d.failed()) continue;
     ++c.failed;
     c.failures.push_back(&d);
@@ -719,7 +748,7 @@ std::string report_junit(const DiffResult& r) {
   size_t failures = 0, skipped = 0;
   for (const auto& s : kStages) {
     const auto it = cases.find(s.stage);
-    if (it == cases.end()) ++skipped;
+    if (it == cases.end() || it->second.not_captured == it->second.datasets) ++skipped;
     else if (it->second.failed > 0) ++failures;
   }
   pugi::xml_document doc = junit_document();
@@ -758,6 +787,11 @@ std::string report_junit(const DiffResult& r) {
       continue;
     }
     const StageCase& c = it->second;
+    if (c.not_captured == c.datasets) {
+      tc.append_child("skipped").append_attribute("message") =
+          fmt::format("{} not captured by the port ({} datasets)", s.name, c.datasets).c_str();
+      continue;
+    }
     if (c.failed == 0) continue;
     // The culprit's testcase carries the first divergence itself.
     const bool first = r.first_divergence && r.first_divergence->stage == s.stage;
@@ -812,7 +846,10 @@ std::string report_html(const DiffResult& r) {
                      xml_escape(r.criterion.describe()));
   out += fmt::format("<tr><th>judged</th><td>{}</td></tr>\n", xml_escape(judged_text(r)));
   out += fmt::format("<tr><th>datasets</th><td>{} compared, {} differ</td></tr>\n",
-                     r.datasets.size(), r.failed_datasets());
+                     r.datasets.size() - r.not_captured, r.failed_datasets());
+  if (r.not_captured > 0)
+    out += fmt::format("<tr><th>not captured</th><td>{} datasets: {}</td></tr>\n", r.not_captured,
+                       xml_escape(r.not_captured_stages()));
   if (r.first_drift_path)
     out += fmt::format("<tr><th>drift</th><td>the accumulated error first exceeds the criterion at "
                        "{}</td></tr>\n",

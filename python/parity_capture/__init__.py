@@ -1,0 +1,511 @@
+"""parity_capture: trace your own gpt-oss port (NumPy, PyTorch, JAX, ...) into a gpt-oss-parity
+trace, then diff it against the float64 reference:
+
+    from parity_capture import Capture, SINK_FIRST
+
+    with Capture("port.h5", "models/tiny", tokens=[1, 2, 3], port="my-port") as cap:
+        for pos, tok in enumerate(tokens):
+            ...
+            cap.record("q_rope", pos, layer, q)             # [n_heads, head_dim]
+            cap.record("att", pos, layer, probs, layout=SINK_FIRST)
+            cap.record("mlp1", pos, layer, h, slot=s)       # one expert slot
+    # then: parity-trace --model models/tiny --candidate-trace port.h5 --out out/port
+
+The Python twin of capture/parity_capture.h, in pure h5py + NumPy: the same stages, shapes,
+layouts, checks and file (a gpt-oss-parity trace, format version 2, written under a temporary
+name and renamed by close()). Tensors may be NumPy arrays, PyTorch tensors (any device, any
+dtype; copied to the host), or anything numpy.asarray takes.
+
+Stages, per position (one token row), as model/stages.h lists them: embedding [H] (model scope,
+layer -1); per layer attn_norm [H], qkv [(nH + 2 nKV) d] (q | k | v, pre-RoPE), q_rope [nH, d],
+k_rope [nKV, d], v [nKV, d], scores [nH, pos + 2] (keys 0..pos, then the sink; masked keys -inf),
+att [nH, pos + 2], attn_out [nH d], o_proj, resid_attn, ffn_norm [H], router [E], topk_idx [k]
+(integers), topk_w [k], mlp1 [k, 2I] (gate/linear interleaved), swiglu [k, I], mlp2 [k, H] (per
+expert slot, in topk_idx's order; record one slot with slot=s), moe_out, resid_ffn [H]; then
+final_norm [H], logits [V], sampled [1] (model scope).
+
+Layouts (combine with |; each applies to the stages named):
+    ROPE_INTERLEAVED  q_rope, k_rope, the q and k parts of qkv: heads in interleaved RoPE pairs
+                      (2i, 2i+1) instead of half-split (i, i + d/2)
+    SINK_FIRST        scores, att: the sink is column 0
+    NO_SINK           att: [nH, pos + 1] without the sink's column (its share is taken as 1 - the
+                      keys' sum, which a softmax without the sink leaves at 0)
+    GATE_UP_HALVES    mlp1: [gate | linear] halves instead of interleaved
+    QKV_Q, QKV_K, QKV_V  qkv: this record is only the q, k or v part
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import secrets
+import stat
+
+import h5py
+import numpy as np
+
+__all__ = [
+    "Capture", "CaptureError", "STAGES", "stage_shape", "checkpoint_fingerprint",
+    "ROPE_INTERLEAVED", "SINK_FIRST", "NO_SINK", "GATE_UP_HALVES", "QKV_Q", "QKV_K", "QKV_V",
+]
+
+TRACE_FORMAT = "gpt-oss-parity-trace"
+TRACE_FORMAT_VERSION = 2
+CAPTURE_VERSION = "1.0"
+
+# The layout flags, the same bits as parity_capture.h.
+ROPE_INTERLEAVED = 1 << 0
+SINK_FIRST = 1 << 1
+NO_SINK = 1 << 2
+GATE_UP_HALVES = 1 << 3
+QKV_Q = 1 << 4
+QKV_K = 1 << 5
+QKV_V = 1 << 6
+_LAYOUT_NAMES = {ROPE_INTERLEAVED: "ROPE_INTERLEAVED", SINK_FIRST: "SINK_FIRST", NO_SINK: "NO_SINK",
+                 GATE_UP_HALVES: "GATE_UP_HALVES", QKV_Q: "QKV_Q", QKV_K: "QKV_K", QKV_V: "QKV_V"}
+_QKV_PARTS = QKV_Q | QKV_K | QKV_V
+
+# The stage list of model/stages.h, in execution order within a position: (name, scope, shape,
+# kind). The test tests/python_capture_test.py checks this table against that header.
+STAGES = (
+    ("embedding", "model", "hidden", "real"),
+    ("attn_norm", "layer", "hidden", "real"),
+    ("qkv", "layer", "qkv", "real"),
+    ("q_rope", "layer", "q", "real"),
+    ("k_rope", "layer", "kv", "real"),
+    ("v", "layer", "kv", "real"),
+    ("scores", "layer", "keys", "real"),
+    ("att", "layer", "keys", "real"),
+    ("attn_out", "layer", "head_out", "real"),
+    ("o_proj", "layer", "hidden", "real"),
+    ("resid_attn", "layer", "hidden", "real"),
+    ("ffn_norm", "layer", "hidden", "real"),
+    ("router", "layer", "experts", "real"),
+    ("topk_idx", "layer", "topk", "index"),
+    ("topk_w", "layer", "topk", "real"),
+    ("mlp1", "expert", "mlp1", "real"),
+    ("swiglu", "expert", "inter", "real"),
+    ("mlp2", "expert", "expert_hidden", "real"),
+    ("moe_out", "layer", "hidden", "real"),
+    ("resid_ffn", "layer", "hidden", "real"),
+    ("final_norm", "model", "hidden", "real"),
+    ("logits", "model", "vocab", "real"),
+    ("sampled", "model", "token", "index"),
+)
+_STAGE = {s[0]: s for s in STAGES}
+_PROLOGUE = ("embedding",)
+_EPILOGUE = ("final_norm", "logits", "sampled")
+_LAYER_STAGES = tuple(s[0] for s in STAGES if s[1] != "model")
+
+_LAYOUTS_FOR = {
+    "qkv": ROPE_INTERLEAVED | _QKV_PARTS,
+    "q_rope": ROPE_INTERLEAVED,
+    "k_rope": ROPE_INTERLEAVED,
+    "scores": SINK_FIRST,
+    "att": SINK_FIRST | NO_SINK,
+    "mlp1": GATE_UP_HALVES,
+}
+
+# Storage unit roundoff and smallest normal of each precision a port may declare (accumulation in
+# float32 or wider, as the C library assumes).
+_POLICIES = {
+    "float32": (2.0 ** -24, 2.0 ** -24, 4.0, 2.0 ** -126),
+    "bfloat16": (2.0 ** -8, 2.0 ** -24, 4.0, 2.0 ** -126),
+    "float16": (2.0 ** -11, 2.0 ** -24, 4.0, 2.0 ** -14),
+    "float64": (2.0 ** -53, 2.0 ** -53, 2.0, 2.0 ** -1022),
+}
+
+
+class CaptureError(ValueError):
+    """A record, a model directory or a file the capture refuses; the message is one line naming
+    the file, stage, layer and position."""
+
+
+class _Config:
+    """The fields of a gpt-oss config.json the stage shapes need."""
+
+    def __init__(self, raw: dict, source: str):
+        def field(*names, default=None):
+            for n in names:
+                if n in raw:
+                    return raw[n]
+            if default is None:
+                raise CaptureError(f"{source}: no {names[0]}")
+            return default
+        try:
+            self.vocab = int(field("vocab_size"))
+            self.hidden = int(field("hidden_size"))
+            self.layers = int(field("num_hidden_layers"))
+            self.heads = int(field("num_attention_heads"))
+            self.kv_heads = int(field("num_key_value_heads"))
+            self.head_dim = int(field("head_dim", default=self.hidden // max(self.heads, 1)))
+            self.inter = int(field("intermediate_size"))
+            self.experts = int(field("num_local_experts", "num_experts"))
+            self.top_k = int(field("num_experts_per_tok", "experts_per_token"))
+            self.context = int(field("max_position_embeddings", default=131072))
+        except (TypeError, ValueError) as e:
+            raise CaptureError(f"{source}: not a gpt-oss config ({e})") from None
+        for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "experts",
+                     "top_k", "context"):
+            if getattr(self, name) <= 0:
+                raise CaptureError(f"{source}: {name} must be positive")
+
+
+def stage_shape(config: _Config, stage: str, position: int) -> tuple:
+    """The shape of one row of `stage` at `position` (model/stages.h's shape rules)."""
+    c = config
+    shape = _STAGE[stage][2]
+    return {
+        "hidden": (c.hidden,),
+        "qkv": ((c.heads + 2 * c.kv_heads) * c.head_dim,),
+        "q": (c.heads, c.head_dim),
+        "kv": (c.kv_heads, c.head_dim),
+        "keys": (c.heads, position + 2),
+        "head_out": (c.heads * c.head_dim,),
+        "experts": (c.experts,),
+        "topk": (c.top_k,),
+        "mlp1": (c.top_k, 2 * c.inter),
+        "inter": (c.top_k, c.inter),
+        "expert_hidden": (c.top_k, c.hidden),
+        "vocab": (c.vocab,),
+        "token": (1,),
+    }[shape]
+
+
+def _execution_order(config: _Config, layer: int, stage: str) -> int:
+    if layer >= 0:
+        return len(_PROLOGUE) + len(_LAYER_STAGES) * layer + _LAYER_STAGES.index(stage)
+    if stage in _PROLOGUE:
+        return _PROLOGUE.index(stage)
+    return len(_PROLOGUE) + len(_LAYER_STAGES) * config.layers + _EPILOGUE.index(stage)
+
+
+def _checkpoint_files(model_dir: str) -> list:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            return sorted(set(json.load(f).get("weight_map", {}).values()))
+    if os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        return ["model.safetensors"]
+    return sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
+
+
+def checkpoint_fingerprint(model_dir: str) -> str:
+    """The checkpoint fingerprint of model/fingerprint.h ("xxh3-128:<32 hex>"), or "" when it
+    cannot be had: computed with the xxhash module when it is installed, else taken from the
+    .parity-fingerprint.json cache the C++ tools leave beside the checkpoint when every file's
+    size, inode and times still match it. Without one, a diff checks the config only."""
+    names = _checkpoint_files(model_dir)
+    if not names:
+        return ""
+    try:
+        import xxhash  # optional
+    except ImportError:
+        xxhash = None
+    if xxhash is not None and hasattr(xxhash, "xxh3_128"):
+        whole = xxhash.xxh3_128()
+        for name in sorted(names):
+            h = xxhash.xxh3_128()
+            with open(os.path.join(model_dir, name), "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 24), b""):
+                    h.update(chunk)
+            digest = h.intdigest()
+            text = f"{digest >> 64:016x}{digest & ((1 << 64) - 1):016x}"
+            whole.update(name.encode() + b"\0")
+            whole.update(text.encode())
+        d = whole.intdigest()
+        return f"xxh3-128:{d >> 64:016x}{d & ((1 << 64) - 1):016x}"
+    try:
+        with open(os.path.join(model_dir, ".parity-fingerprint.json"), encoding="utf-8") as f:
+            cache = json.load(f)
+        by_name = {e["name"]: e for e in cache["files"]}
+        if set(by_name) != set(names):
+            return ""
+        for name in names:
+            st = os.stat(os.path.join(model_dir, name))
+            e = by_name[name]
+            if (e["size"], e["inode"], e["mtime_ns"], e["ctime_ns"]) != (
+                    st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns):
+                return ""
+        fp = cache.get("fingerprint", "")
+        return fp if isinstance(fp, str) and fp.startswith("xxh3-128:") else ""
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def _to_numpy(values) -> np.ndarray:
+    """A host NumPy array of any tensor: PyTorch tensors are detached and copied to the host
+    (bfloat16 through float32, exactly)."""
+    if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch.Tensor, imported lazily
+        t = values.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            t = t.float()
+        return t.numpy()
+    return np.asarray(values)
+
+
+def _layout_text(layout: int) -> str:
+    return "|".join(n for bit, n in _LAYOUT_NAMES.items() if layout & bit) or "DEFAULT"
+
+
+class Capture:
+    """A capture of one run of a port: open it for the checkpoint directory and the token ids at
+    positions 0, 1, ...; record stage rows; close() writes the file (a context manager closes on
+    success and abandons on an exception)."""
+
+    def __init__(self, path, model_dir, tokens, port: str = "capture-python",
+                 precision: str = "float32", device: str | None = None):
+        self.path = os.fspath(path)
+        self._file = None
+        self._tmp = None
+        if not self.path:
+            raise CaptureError("capture: empty output path")
+        if precision not in _POLICIES:
+            raise CaptureError(f"capture {self.path}: precision {precision!r} (float32, bfloat16, "
+                               "float16 or float64)")
+        model_dir = os.path.abspath(os.fspath(model_dir))
+        config_path = os.path.join(model_dir, "config.json")
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CaptureError(f"capture {self.path}: {config_path}: {e}") from None
+        if not isinstance(raw, dict):
+            raise CaptureError(f"capture {self.path}: {config_path} is not a JSON object")
+        self.config = _Config(raw, config_path)
+        tokens = [int(t) for t in np.asarray(_to_numpy(tokens)).reshape(-1)]
+        if not tokens:
+            raise CaptureError(f"capture {self.path}: no tokens")
+        if len(tokens) > self.config.context:
+            raise CaptureError(f"capture {self.path}: {len(tokens)} tokens, past the context of "
+                               f"{model_dir} ({self.config.context} positions)")
+        for i, t in enumerate(tokens):
+            if not 0 <= t < self.config.vocab:
+                raise CaptureError(f"capture {self.path}: token id {t} at position {i} is out of "
+                                   f"range for {model_dir} (vocabulary 0..{self.config.vocab - 1})")
+        self.tokens = tokens
+        self._written = set()
+        self._partial = {}
+        self._refused = []
+        if os.path.isdir(self.path) or (os.path.exists(self.path) and
+                                        not stat.S_ISREG(os.stat(self.path).st_mode)):
+            raise CaptureError(f"capture {self.path}: exists and is not a regular file")
+        self._tmp = f"{self.path}.tmp-{os.getpid()}"
+        if os.path.lexists(self._tmp):
+            os.remove(self._tmp)
+        self._file = h5py.File(self._tmp, "w", libver="latest", track_order=True)
+        u_s, u_a, ulps, min_normal = _POLICIES[precision]
+        attrs = self._file.attrs
+        self._str(attrs, "format", TRACE_FORMAT)
+        attrs.create("format_version", np.int32(TRACE_FORMAT_VERSION))
+        self._str(attrs, "backend", port or "capture-python")
+        self._str(attrs, "precision", f"{precision} activations, as captured from the port")
+        self._str(attrs, "config", json.dumps(raw, sort_keys=True))
+        self._str(attrs, "checkpoint_fingerprint", checkpoint_fingerprint(model_dir))
+        self._str(attrs, "model_dir", model_dir)
+        self._str(attrs, "tool_version", f"parity_capture.py {CAPTURE_VERSION}")
+        self._str(attrs, "commit", "unknown")
+        self._str(attrs, "device", json.dumps({"description": device} if device else {}))
+        self._str(attrs, "created",
+                  datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self._str(attrs, "precision_policy", json.dumps({
+            "storage_unit_roundoff": u_s, "accumulation_unit_roundoff": u_a,
+            "function_ulps": ulps, "storage_min_normal": min_normal}))
+        attrs.create("replay", np.int32(0))
+        self._str(attrs, "run", json.dumps({"capture": {"api": "python", "precision": precision}}))
+        self._str(attrs, "run_id", secrets.token_hex(16))
+        attrs.create("tokens", np.asarray(tokens, dtype=np.int32))
+        attrs.create("positions", np.arange(len(tokens), dtype=np.int32))
+
+    # -- writing -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _str(attrs, name: str, value: str):
+        data = value.encode("utf-8")
+        attrs.create(name, np.array(data + b"\0", dtype=h5py.string_dtype("utf-8", len(data) + 1)))
+
+    def _where(self, stage, position, layer, slot) -> str:
+        s = f"capture {self.path}: stage {stage}"
+        if layer != -1:
+            s += f", layer {layer}"
+        s += f", position {position}"
+        if slot >= 0:
+            s += f", slot {slot}"
+        return s
+
+    def _refuse(self, message: str):
+        self._refused.append(message)
+        raise CaptureError(message)
+
+    def record(self, stage: str, position: int, layer: int, values, slot: int = -1,
+               layout: int = 0):
+        """Records one stage row (or one expert slot, or one qkv part). `layer` is -1 for the
+        model-scope stages; `slot` an expert slot of mlp1/swiglu/mlp2, or -1 for all of them.
+        Raises CaptureError (and the capture will not be written) on anything that does not fit
+        the stage list."""
+        if self._file is None:
+            raise CaptureError(f"capture {self.path}: record() after close() or abandon()")
+        c = self.config
+        if stage not in _STAGE:
+            self._refuse(f"capture {self.path}: unknown stage {stage!r} (position {position}, "
+                         f"layer {layer}); the stages are {', '.join(s[0] for s in STAGES)}")
+        _, scope, _, kind = _STAGE[stage]
+        position, layer, slot, layout = int(position), int(layer), int(slot), int(layout)
+        at = self._where(stage, position, layer, slot)
+        if not 0 <= position < len(self.tokens):
+            self._refuse(f"{at}: the capture has positions 0..{len(self.tokens) - 1} (one per token)")
+        if scope == "model" and layer != -1:
+            self._refuse(f"{at}: {stage} is a model-scope stage: record it with layer -1")
+        if scope != "model" and not 0 <= layer < c.layers:
+            self._refuse(f"{at}: the model has layers 0..{c.layers - 1}")
+        if slot != -1 and (scope != "expert" or not 0 <= slot < c.top_k):
+            self._refuse(f"{at}: expert slots are 0..{c.top_k - 1} (or -1 for all)" if scope == "expert"
+                         else f"{at}: only mlp1, swiglu and mlp2 have expert slots; give slot -1")
+        allowed = _LAYOUTS_FOR.get(stage, 0)
+        if layout & ~allowed:
+            self._refuse(f"{at}: layout {_layout_text(layout & ~allowed)} does not apply to stage {stage}")
+        parts = layout & _QKV_PARTS
+        if parts & (parts - 1):
+            self._refuse(f"{at}: one qkv part per record ({_layout_text(parts)})")
+        if parts == QKV_V and layout & ROPE_INTERLEAVED:
+            self._refuse(f"{at}: ROPE_INTERLEAVED does not apply to the v part (v is not rotated)")
+        if layout & SINK_FIRST and layout & NO_SINK:
+            self._refuse(f"{at}: SINK_FIRST and NO_SINK exclude each other")
+        array = _to_numpy(values)
+        if kind == "index":
+            if array.dtype.kind not in "iu":
+                self._refuse(f"{at}: {stage} holds indices: give integers, not {array.dtype}")
+        elif array.dtype.kind != "f":
+            self._refuse(f"{at}: {stage} holds real values: give floats, not {array.dtype}")
+
+        shape = stage_shape(c, stage, position)
+        row = int(np.prod(shape))
+        keys = position + 1
+        expected, what, part, parts_n, offset = row, f"{list(shape)}", 0, 1, 0
+        if slot >= 0:
+            expected, what, part, parts_n, offset = shape[1], f"[{shape[1]}] (one slot of {list(shape)})", slot, shape[0], slot * shape[1]
+        elif parts:
+            q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+            part = {QKV_Q: 0, QKV_K: 1, QKV_V: 2}[parts]
+            expected = q if part == 0 else kv
+            offset = (0, q, q + kv)[part]
+            parts_n = 3
+            what = f"[{expected}] (the {'qkv'[part]} part of qkv)"
+        elif layout & NO_SINK:
+            expected, what = c.heads * keys, f"[{c.heads}, {keys}] (keys 0..{position} without the sink)"
+        if array.size != expected:
+            self._refuse(f"{at}: {array.size} values of shape {list(array.shape)}, but the row is "
+                         f"{what} = {expected} values")
+        key = (position, layer, stage)
+        if key in self._written:
+            self._refuse(f"{at}: recorded twice (each position, layer and stage is recorded once)")
+        pending = self._partial.get(key)
+        if parts_n == 1 and pending is not None:
+            self._refuse(f"{at}: recorded whole after some of its slots or parts were recorded")
+        if pending is not None and len(pending[1]) != parts_n:
+            self._refuse(f"{at}: mixes expert slots and qkv parts")
+        if pending is not None and pending[1][part]:
+            self._refuse(f"{at}: {'this slot' if slot >= 0 else 'this part of qkv'} recorded twice")
+
+        v = array.reshape(-1).astype(np.float64 if kind == "real" else np.int64)
+        d = c.head_dim
+        if layout & ROPE_INTERLEAVED:
+            end = v.size
+            if stage == "qkv" and not parts:
+                end = (c.heads + c.kv_heads) * d
+            heads = v[:end].reshape(-1, d)
+            v[:end] = np.concatenate([heads[:, 0::2], heads[:, 1::2]], axis=1).reshape(-1)
+        if layout & SINK_FIRST:
+            m = v.reshape(c.heads, keys + 1)
+            v = np.concatenate([m[:, 1:], m[:, :1]], axis=1).reshape(-1)
+        if layout & NO_SINK:
+            m = v.reshape(c.heads, keys)
+            v = np.concatenate([m, 1.0 - m.sum(axis=1, keepdims=True)], axis=1).reshape(-1)
+        if layout & GATE_UP_HALVES:
+            m = v.reshape(-1, 2, c.inter)
+            v = np.stack([m[:, 0, :], m[:, 1, :]], axis=2).reshape(-1)
+        if kind == "index":
+            limit = c.experts if stage == "topk_idx" else c.vocab
+            bad = np.nonzero((v < 0) | (v >= limit))[0]
+            if bad.size:
+                self._refuse(f"{at}: element {bad[0]} is {v[bad[0]]}, not an index below {limit}")
+        f64 = array.dtype == np.float64
+        if parts_n == 1:
+            self._write(position, layer, stage, v, f64)
+            return
+        if pending is None:
+            pending = self._partial[key] = [np.zeros(row), [False] * parts_n, True]
+        pending[0][offset:offset + v.size] = v
+        pending[1][part] = True
+        pending[2] = pending[2] and f64
+        if all(pending[1]):
+            del self._partial[key]
+            self._write(position, layer, stage, pending[0], pending[2])
+
+    def _write(self, position, layer, stage, v, f64):
+        shape = stage_shape(self.config, stage, position)
+        kind = _STAGE[stage][3]
+        dtype = np.int32 if kind == "index" else (np.float64 if f64 else np.float32)
+        pos_name, scope_name = f"pos_{position}", "model" if layer == -1 else f"layer_{layer}"
+        if pos_name not in self._file:
+            self._file.create_group(pos_name, track_order=True)
+        pos_group = self._file[pos_name]
+        if scope_name not in pos_group:
+            pos_group.create_group(scope_name, track_order=True)
+        ds = pos_group[scope_name].create_dataset(stage, data=v.reshape(shape).astype(dtype))
+        self._str(ds.attrs, "stage", stage)
+        ds.attrs.create("layer", np.int32(layer))
+        ds.attrs.create("position", np.int32(position))
+        ds.attrs.create("order", np.int32(_execution_order(self.config, layer, stage)))
+        self._written.add((position, layer, stage))
+
+    def close(self):
+        """Writes the capture under its name. Refuses (writing nothing) when a record was refused
+        or a row was left incomplete."""
+        if self._file is None:
+            raise CaptureError(f"capture {self.path}: close() after close() or abandon()")
+        try:
+            if self._refused:
+                raise CaptureError(f"capture {self.path}: not written: {len(self._refused)} record(s) "
+                                   f"were refused; the first: {self._refused[0]}")
+            if self._partial:
+                (position, layer, stage), (_, have, _) = next(iter(self._partial.items()))
+                missing = [i for i, h in enumerate(have) if not h]
+                what = (f"expert slot(s) {', '.join(map(str, missing))}" if _STAGE[stage][1] == "expert"
+                        else f"the {', '.join('qkv'[i] for i in missing)} part(s)")
+                raise CaptureError(f"{self._where(stage, position, layer, -1)}: incomplete: {what} never "
+                                   f"recorded ({len(self._partial)} incomplete row(s) in all); not written")
+            self._file.close()
+            self._file = None
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+        finally:
+            self.abandon()
+
+    def abandon(self):
+        """Drops the capture: nothing is written (the temporary file is removed)."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            finally:
+                self._file = None
+        if self._tmp is not None and os.path.exists(self._tmp):
+            os.remove(self._tmp)
+        self._tmp = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+        return False
+
+    def __del__(self):
+        try:
+            self.abandon()
+        except Exception:  # interpreter shutdown
+            pass

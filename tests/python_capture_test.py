@@ -1,0 +1,275 @@
+"""The Python capture (python/parity_capture), end to end with the built tools: its stage table is
+model/stages.h's; the reference's own rows recorded in port layouts (interleaved RoPE, the sink
+first or dropped, gate/linear halves, q/k/v parts, expert slots one by one) pass parity-trace with
+every stage captured; a perturbed stage is named, with the stages a port left out listed as not
+captured; bad records are refused at the call and leave no file; the checkpoint fingerprint is
+the C++ tools'; and the transformers adapter's command line works without torch installed.
+
+    python3 tests/python_capture_test.py --bin build/bin --source .
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import h5py
+import numpy as np
+
+ARGS = None
+TOKENS = [1, 17, 300, 42, 999, 5, 77, 128, 256, 3, 1000, 64]
+
+
+def load_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_text(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def run(*cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+
+
+class PythonCapture(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, os.path.join(ARGS.source, "python"))
+        global pc
+        import parity_capture as pc
+        cls.tmp = tempfile.mkdtemp(prefix="parity-python-capture-")
+        cls.model = os.path.join(cls.tmp, "tiny")
+        r = run(os.path.join(ARGS.bin, "parity-synth"), "--preset", "tiny", "--out", cls.model)
+        assert r.returncode == 0, r.stdout + r.stderr
+        # Files changed in the last two seconds are not cached in the fingerprint cache; wait so
+        # that the C++ run below caches them, and the Python side can read the cache.
+        time.sleep(2.2)
+        # The reference's rows, from a parity-trace run on the naive port's capture.
+        port = os.path.join(cls.tmp, "port.h5")
+        r = run(os.path.join(ARGS.bin, "naive_port"), cls.model, "--tokens", ",".join(map(str, TOKENS)),
+                "--capture", port)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = run(os.path.join(ARGS.bin, "parity-trace"), "--model", cls.model, "--candidate-trace", port,
+                "--out", os.path.join(cls.tmp, "ref"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        cls.port = port
+        cls.reference = h5py.File(os.path.join(cls.tmp, "ref", "reference.h5"), "r")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.reference.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def trace(self, capture, *extra):
+        out = tempfile.mkdtemp(dir=self.tmp)
+        r = run(os.path.join(ARGS.bin, "parity-trace"), "--model", self.model, "--candidate-trace", capture,
+                "--out", out, *extra)
+        return r, out
+
+    def ref(self, pos, layer, stage):
+        scope = "model" if layer == -1 else f"layer_{layer}"
+        return self.reference[f"pos_{pos}/{scope}/{stage}"][()]
+
+    def test_stage_table_is_the_headers(self):
+        text = read_text(os.path.join(ARGS.source, "model", "stages.h"))
+        rows = re.findall(r"^\s*X\((\w+), (\w+), (\w+), (\w+)", text, re.M)
+        self.assertEqual(len(rows), 23)
+        self.assertEqual([(n, s.lower(), sh, k.lower()) for n, s, sh, k in rows], list(pc.STAGES))
+        header = read_text(os.path.join(ARGS.source, "capture", "parity_capture.h"))
+        for name in ("ROPE_INTERLEAVED", "SINK_FIRST", "NO_SINK", "GATE_UP_HALVES", "QKV_Q", "QKV_K", "QKV_V"):
+            bit = int(re.search(rf"#define PARITY_LAYOUT_{name} \(1u << (\d+)\)", header).group(1))
+            self.assertEqual(getattr(pc, name), 1 << bit, name)
+
+    def record_everything(self, path, perturb=None):
+        cfg = load_json(os.path.join(self.model, "config.json"))
+        H, nH, nKV, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        I, L = cfg["intermediate_size"], cfg["num_hidden_layers"]
+        with pc.Capture(path, self.model, TOKENS, port="python-port") as cap:
+            for p in range(len(TOKENS)):
+                cap.record("embedding", p, -1, self.ref(p, -1, "embedding").astype(np.float32))
+                for layer in range(L):
+                    for stage in [s[0] for s in pc.STAGES if s[1] != "model"]:
+                        v = self.ref(p, layer, stage)
+                        if perturb == (p, layer, stage):
+                            v = v.copy()
+                            v.reshape(-1)[3] += 0.5
+                        if stage == "qkv":  # three parts; q and k as interleaved RoPE pairs
+                            q, k, vv = v[: nH * d], v[nH * d: (nH + nKV) * d], v[(nH + nKV) * d:]
+                            inter = lambda x: np.stack([x.reshape(-1, 2, d // 2)[:, 0], x.reshape(-1, 2, d // 2)[:, 1]],
+                                                       axis=2).reshape(-1)
+                            cap.record(stage, p, layer, vv.astype(np.float32), layout=pc.QKV_V)
+                            cap.record(stage, p, layer, inter(k).astype(np.float32), layout=pc.QKV_K | pc.ROPE_INTERLEAVED)
+                            cap.record(stage, p, layer, inter(q).astype(np.float32), layout=pc.QKV_Q | pc.ROPE_INTERLEAVED)
+                        elif stage in ("q_rope", "k_rope"):
+                            x = v.reshape(-1, 2, d // 2)
+                            cap.record(stage, p, layer, np.stack([x[:, 0], x[:, 1]], axis=2).reshape(v.shape[0], d)
+                                       .astype(np.float32), layout=pc.ROPE_INTERLEAVED)
+                        elif stage == "scores":
+                            cap.record(stage, p, layer, np.concatenate([v[:, -1:], v[:, :-1]], axis=1).astype(np.float32),
+                                       layout=pc.SINK_FIRST)
+                        elif stage == "att":  # without the sink, as float64
+                            cap.record(stage, p, layer, v[:, :-1], layout=pc.NO_SINK)
+                        elif stage == "mlp1":  # one slot at a time, as halves
+                            for s in reversed(range(v.shape[0])):
+                                cap.record(stage, p, layer, np.concatenate([v[s, 0::2], v[s, 1::2]]).astype(np.float32),
+                                           slot=s, layout=pc.GATE_UP_HALVES)
+                        elif stage == "topk_idx":
+                            cap.record(stage, p, layer, v.astype(np.int64))
+                        else:
+                            cap.record(stage, p, layer, v.astype(np.float32))
+                for stage in ("final_norm", "logits"):
+                    cap.record(stage, p, -1, self.ref(p, -1, stage).astype(np.float32))
+                cap.record("sampled", p, -1, self.ref(p, -1, "sampled"))
+        return H, I
+
+    def test_reference_rows_in_port_layouts_pass_with_every_stage_captured(self):
+        path = os.path.join(self.tmp, "all.h5")
+        self.record_everything(path)
+        with h5py.File(path, "r") as f:  # our layout again, exactly
+            np.testing.assert_array_equal(f["pos_3/layer_1/q_rope"][()], self.ref(3, 1, "q_rope").astype(np.float32))
+            np.testing.assert_array_equal(f["pos_3/layer_1/mlp1"][()], self.ref(3, 1, "mlp1").astype(np.float32))
+            np.testing.assert_array_equal(f["pos_3/layer_1/qkv"][()], self.ref(3, 1, "qkv").astype(np.float32))
+            np.testing.assert_array_equal(f["pos_3/layer_1/scores"][()], self.ref(3, 1, "scores").astype(np.float32))
+            np.testing.assert_allclose(f["pos_3/layer_1/att"][()], self.ref(3, 1, "att"), rtol=0, atol=1e-14)
+            self.assertEqual(f["pos_3/layer_1/att"].dtype, np.float64)
+            self.assertEqual(f["pos_3/layer_1/topk_idx"].dtype, np.int32)
+        r, out = self.trace(path)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertTrue(r.stdout.startswith("PASS: 960 datasets"), r.stdout)
+        self.assertNotIn("not captured", r.stdout)
+        report = load_json(os.path.join(out, "report.json"))
+        self.assertEqual(report["summary"]["not_captured"]["datasets"], 0)
+        self.assertEqual(report["candidate_backend"], "python-port")
+
+    def test_a_perturbed_stage_is_named_and_missing_stages_are_listed(self):
+        path = os.path.join(self.tmp, "partial.h5")
+        with pc.Capture(path, self.model, TOKENS) as cap:
+            for p in range(len(TOKENS)):
+                for layer in range(4):
+                    for stage in ("attn_norm", "o_proj", "moe_out"):
+                        v = self.ref(p, layer, stage).astype(np.float32)
+                        if (p, layer, stage) == (4, 2, "o_proj"):
+                            v[5] += 0.01
+                        cap.record(stage, p, layer, v)
+        r, out = self.trace(path)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("first divergence at position 4, layer 2, stage o_proj: element 5", r.stdout)
+        self.assertIn("datasets not captured: embedding (12 of 12), qkv (48 of 48)", r.stdout)
+        report = load_json(os.path.join(out, "report.json"))
+        statuses = [d["status"] for d in report["datasets"]]
+        self.assertEqual(statuses.count("not_captured"), 960 - 144)
+        self.assertEqual(statuses.count("fail"), 1)
+
+    def test_bad_records_are_refused_and_leave_no_file(self):
+        path = os.path.join(self.tmp, "bad.h5")
+        cap = pc.Capture(path, self.model, TOKENS)
+        h = np.zeros(64, np.float32)
+        cases = [
+            (lambda: cap.record("atn_norm", 0, 0, h), ["unknown stage 'atn_norm'", "position 0"]),
+            (lambda: cap.record("attn_norm", 2, 1, h[:63]), ["stage attn_norm, layer 1, position 2", "63 values"]),
+            (lambda: cap.record("embedding", 0, 0, h), ["model-scope"]),
+            (lambda: cap.record("attn_norm", 12, 0, h), ["positions 0..11"]),
+            (lambda: cap.record("attn_norm", 0, 4, h), ["layers 0..3"]),
+            (lambda: cap.record("topk_idx", 0, 0, np.zeros(4, np.float32)), ["give integers"]),
+            (lambda: cap.record("attn_norm", 0, 0, np.zeros(64, np.int32)), ["give floats"]),
+            (lambda: cap.record("mlp1", 0, 0, np.zeros(128, np.float32), slot=4), ["slots are 0..3"]),
+            (lambda: cap.record("o_proj", 0, 0, h, layout=pc.SINK_FIRST), ["SINK_FIRST does not apply to stage o_proj"]),
+            (lambda: cap.record("topk_idx", 0, 0, np.array([0, 1, 2, 9])), ["element 3 is 9"]),
+            (lambda: cap.record("qkv", 0, 1, np.zeros(32, np.float32), layout=pc.QKV_V | pc.ROPE_INTERLEAVED),
+             ["stage qkv, layer 1, position 0", "v part"]),
+        ]
+        for call, words in cases:
+            with self.assertRaises(pc.CaptureError) as e:
+                call()
+            for w in words + [path]:
+                self.assertIn(w, str(e.exception))
+        cap.record("attn_norm", 5, 3, h)
+        with self.assertRaises(pc.CaptureError) as e:
+            cap.record("attn_norm", 5, 3, h)
+        self.assertIn("stage attn_norm, layer 3, position 5: recorded twice", str(e.exception))
+        with self.assertRaises(pc.CaptureError) as e:
+            cap.close()
+        self.assertIn("were refused", str(e.exception))
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual([n for n in os.listdir(self.tmp) if n.startswith("bad.h5")], [])
+        # An incomplete row.
+        with self.assertRaises(pc.CaptureError) as e:
+            with pc.Capture(path, self.model, TOKENS) as cap:
+                cap.record("swiglu", 1, 2, np.zeros(64, np.float32), slot=1)
+        self.assertIn("stage swiglu, layer 2, position 1: incomplete: expert slot(s) 0, 2, 3 never recorded",
+                      str(e.exception))
+        self.assertFalse(os.path.exists(path))
+        with self.assertRaises(pc.CaptureError):
+            pc.Capture(path, self.model, [1, 1024])
+        with self.assertRaises(pc.CaptureError):
+            pc.Capture(path, os.path.join(self.tmp, "nowhere"), TOKENS)
+
+    def test_fingerprint_and_model_checks(self):
+        with h5py.File(self.port, "r") as f:
+            cpp = f.attrs["checkpoint_fingerprint"]
+            cpp = cpp.decode() if isinstance(cpp, bytes) else str(cpp)
+        self.assertTrue(cpp.startswith("xxh3-128:"))
+        self.assertEqual(pc.checkpoint_fingerprint(self.model), cpp)
+        # Without xxhash or a valid cache the capture records no fingerprint, and the report says
+        # that only the config was checked.
+        copy = os.path.join(self.tmp, "copy")
+        shutil.copytree(self.model, copy)
+        os.remove(os.path.join(copy, ".parity-fingerprint.json"))
+        try:
+            import xxhash  # noqa: F401
+        except ImportError:
+            self.assertEqual(pc.checkpoint_fingerprint(copy), "")
+            path = os.path.join(self.tmp, "no-fingerprint.h5")
+            with pc.Capture(path, copy, TOKENS) as cap:
+                cap.record("embedding", 0, -1, self.ref(0, -1, "embedding").astype(np.float32))
+            r, _ = self.trace(path)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("the capture records no fingerprint; only its config was checked", r.stdout)
+        # A capture of the same weights under another config is refused by parity-trace.
+        other = os.path.join(self.tmp, "other")
+        shutil.copytree(self.model, other)
+        cfg = load_json(os.path.join(other, "config.json"))
+        cfg["swiglu_limit"] = 6.0
+        with open(os.path.join(other, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        path = os.path.join(self.tmp, "other.h5")
+        with pc.Capture(path, other, TOKENS) as cap:
+            cap.record("embedding", 0, -1, self.ref(0, -1, "embedding").astype(np.float32))
+        r, _ = self.trace(path)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(len(r.stdout.splitlines()) + len(r.stderr.splitlines()), 1, r.stdout + r.stderr)
+        self.assertIn(f"{path}: a capture of another model", r.stderr)
+        self.assertIn("swiglu_limit", r.stderr)
+
+    def test_hf_adapter_command_line_without_torch(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(ARGS.source, "python"))
+        r = run(sys.executable, "-m", "parity_capture.hf", "--help", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--candidate-trace", r.stdout)
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+            return
+        except ImportError:
+            pass
+        r = run(sys.executable, "-m", "parity_capture.hf", self.model, "--tokens", "1,2", "--out",
+                os.path.join(self.tmp, "hf.h5"), env=env)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("parity_capture.hf: error: needs torch and transformers", r.stderr)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--source", required=True)
+    ARGS, rest = ap.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
