@@ -198,6 +198,52 @@ TEST(EngineRun, BadSamplingValuesAreExitTwo) {
   }
 }
 
+TEST(EngineRun, BadEngineOptionsAreOneLineAndExitTwo) {
+  const std::string dir = test::temp_dir("run-engine-options");
+  const std::string requests = request_file(dir);
+  const std::string base =
+      test::tiny_model_dir() + " -m getp --backend cpu-f32 -n 2 -o " + dir + "/o.txt -i " + requests;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--gpus 0", "--gpus \"0\": `all` or a positive number"},
+      {"--gpus two", "--gpus \"two\": `all` or a positive number"},
+      {"--kv-memory 100", "less than one KV-cache block"},
+      {"--kv-memory 12Q", "--kv-memory"},
+      {"--kernel-times", "--kernel-times: the device backend's"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    const auto r = test::run_tool("run", base + " " + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << flags << ": " << r.output;
+    EXPECT_NE(r.output.find("run: error: "), std::string::npos) << flags << ": " << r.output;
+    EXPECT_FALSE(std::ifstream(dir + "/o.txt").good()) << flags << ": an output was written";
+  }
+  if (!test::candidate_unavailable("hip").empty()) {
+    // No GPU (or no device build): the device engine is refused with the reason.
+    const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp --backend hip -n 2 -o " +
+                                              dir + "/o.txt -i " + requests);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("backend hip: "), std::string::npos) << r.output;
+  }
+}
+
+TEST(EngineRun, SeveralHostEnginesAndASmallKvMemoryWriteTheSameOutput) {
+  const std::string dir = test::temp_dir("run-engines");
+  const std::string requests = request_file(dir);
+  const std::string base = test::tiny_model_dir() +
+                           " -m getp --backend cpu-f32 -n 12 -t 0.8 --top-p 0.9 -s 4 --text -i " +
+                           requests + " -o ";
+  const auto one = test::run_tool("run", base + dir + "/one.txt");
+  const auto three = test::run_tool("run", base + dir + "/three.txt --gpus 3 --max-batch 2");
+  const auto small = test::run_tool("run", base + dir + "/small.txt --kv-memory 300K");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  ASSERT_EQ(small.exit_code, 0) << small.output;
+  EXPECT_EQ(read(dir + "/three.txt"), read(dir + "/one.txt"));
+  EXPECT_EQ(read(dir + "/small.txt"), read(dir + "/one.txt"));
+  // The summary has a line per engine.
+  EXPECT_NE(three.output.find("run:   engine 2: cpu-f32: "), std::string::npos) << three.output;
+}
+
 TEST(EngineRun, TheTinyPresetGetsItsTokenizerWritten) {
   const std::string models = test::temp_dir("engine-models");
   const auto r =

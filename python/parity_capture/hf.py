@@ -185,8 +185,10 @@ class _Hooks:
 
 
 def load_model(model_dir: str, dtype: str, device: str):
-    """transformers' GptOssForCausalLM from a checkpoint directory, eager attention, MXFP4
-    experts dequantized (no kernels needed)."""
+    """transformers' GptOssForCausalLM from a checkpoint directory, eager attention, eager experts
+    (the per-expert loop: the grouped-GEMM path takes no float64), MXFP4 experts dequantized (no
+    kernels needed) and then held in `dtype` like every other weight (dequantization gives
+    bfloat16, exactly representable in float32 and float64)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -203,10 +205,11 @@ def load_model(model_dir: str, dtype: str, device: str):
         pass
     torch_dtype = getattr(torch, dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **kwargs)
-    except TypeError:  # transformers before `dtype`
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype,
+                                                     experts_implementation="eager", **kwargs)
+    except TypeError:  # transformers before `dtype` and `experts_implementation`
         model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch_dtype, **kwargs)
-    return model.to(device).eval()
+    return model.to(device=device, dtype=torch_dtype).eval()
 
 
 def capture_transformers(model, model_dir: str, tokens, out: str, port: str = "transformers",
