@@ -39,14 +39,7 @@ using parity::TensorView;
 // One file per process, rewritten for each input, removed at exit.
 const std::string& input_path() {
   static const std::string path = [] {
-    std::string dir = (fs::temp_directory_path() / "safetensors_fuzz-XXXXXX").string();
-    if (::mkdtemp(dir.data()) == nullptr) std::abort();
-    static const std::string keep = dir;
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(keep, ec);
-    });
-    return dir + "/input.safetensors";
+    return parity::fuzz::process_temp_dir("safetensors_fuzz") + "/input.safetensors";
   }();
   return path;
 }

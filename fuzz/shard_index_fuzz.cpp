@@ -47,13 +47,7 @@ void write_shard(const std::string& path, const std::vector<SafetensorsWriter::D
 // per process, removed at exit. Returns the checkpoint directory.
 const std::string& checkpoint_dir() {
   static const std::string dir = [] {
-    std::string root = (fs::temp_directory_path() / "shard_index_fuzz-XXXXXX").string();
-    if (::mkdtemp(root.data()) == nullptr) std::abort();
-    static const std::string keep = root;
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(keep, ec);
-    });
+    const std::string root = parity::fuzz::process_temp_dir("shard_index_fuzz");
     const std::string ckpt = root + "/ckpt";
     fs::create_directories(ckpt + "/sub");
     const float x[2] = {1.0f, 2.0f};

@@ -97,17 +97,6 @@ std::string write_config(const std::string& text, const std::string& tag = "conf
   return path;
 }
 
-// Every error is one line of bounded length (an untrusted value is never echoed whole) that
-// names the file and holds every fragment.
-constexpr size_t kMaxMessage = 300;
-void expect_message(const std::string& msg, const std::string& path,
-                    std::initializer_list<std::string> fragments) {
-  EXPECT_NE(msg.find(path), std::string::npos) << "message does not name the file: " << msg;
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << "message is not one line: " << msg;
-  EXPECT_LT(msg.size(), kMaxMessage) << "message too long: " << msg.substr(0, 1000);
-  for (const auto& f : fragments)
-    EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg.substr(0, 1000);
-}
 
 // Loads `text` (written as config.json) and expects a parity::Error per expect_message.
 void expect_text_refused(const std::string& text, std::initializer_list<std::string> fragments) {
@@ -116,7 +105,7 @@ void expect_text_refused(const std::string& text, std::initializer_list<std::str
     Config::load(path);
     ADD_FAILURE() << "accepted: " << text.substr(0, 1000);
   } catch (const Error& e) {
-    expect_message(e.what(), path, fragments);
+    test::expect_message(e.what(), path, fragments);
   }
 }
 
@@ -345,7 +334,7 @@ TEST(ConfigErrors, FileProblems) {
     Config::load(missing);
     ADD_FAILURE() << "missing file accepted";
   } catch (const Error& e) {
-    expect_message(e.what(), missing, {"no such file"});
+    test::expect_message(e.what(), missing, {"no such file"});
   }
   for (const std::string text : {"{\"vocab_size\": 10,", "", "not json", "{\"a\": 1} trailing"}) {
     const std::string path = write_config(text, "bad-json");
@@ -661,7 +650,7 @@ void expect_prompt_refusal(const std::function<void()>& load, const std::string&
   }
   const std::string got = result.get();
   ASSERT_EQ(got.rfind("error: ", 0), 0u) << got;
-  expect_message(got, path, fragments);
+  test::expect_message(got, path, fragments);
 }
 
 TEST(ConfigErrors, SpecialFilesAreRefusedPromptly) {
@@ -735,7 +724,7 @@ TEST(ConfigErrors, RealParametersOutsideTheirDomain) {
         c.validate("code-built config");
         ADD_FAILURE() << name << " = " << v << " accepted";
       } catch (const Error& e) {
-        expect_message(e.what(), "code-built config", {name});
+        test::expect_message(e.what(), "code-built config", {name});
       }
     }
 }

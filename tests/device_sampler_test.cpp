@@ -24,6 +24,7 @@
 #include "device/runtime/device.h"
 #include "device/runtime/device_buffer.h"
 #include "engine/sampler.h"
+#include "tests/test_util.h"
 #include "model/error.h"
 
 namespace parity::device {
@@ -264,35 +265,6 @@ TEST_F(DeviceSampler, MatchesTheCpuOnSmallVocabularies) {
   }
 }
 
-// The regularized upper incomplete gamma function Q(a, x) (tests/engine_sampler_test.cpp).
-double upper_gamma_q(double a, double x) {
-  if (x <= 0) return 1;
-  const double log_prefix = -x + a * std::log(x) - std::lgamma(a);
-  if (x < a + 1) {
-    double sum = 1 / a, term = sum;
-    for (int n = 1; n < 1000; ++n) {
-      term *= x / (a + n);
-      sum += term;
-      if (std::fabs(term) < std::fabs(sum) * 1e-15) break;
-    }
-    return 1 - sum * std::exp(log_prefix);
-  }
-  const double tiny = 1e-300;
-  double b = x + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
-  for (int i = 1; i < 1000; ++i) {
-    const double an = -i * (i - a);
-    b += 2;
-    d = an * d + b;
-    if (std::fabs(d) < tiny) d = tiny;
-    c = b + an / c;
-    if (std::fabs(c) < tiny) c = tiny;
-    d = 1 / d;
-    const double del = d * c;
-    h *= del;
-    if (std::fabs(del - 1) < 1e-15) break;
-  }
-  return std::exp(log_prefix) * h;
-}
 
 // 20,000 draws of one row (20,000 copies of it in one launch, draw index = row index) against
 // sampling_distribution: a chi-square test over the tokens with an expected count of at least 5
@@ -331,7 +303,7 @@ void expect_draws_follow_distribution(const std::vector<float>& logits, const Sa
   }
   if (pooled_e > 0) chi2 += (pooled_n - pooled_e) * (pooled_n - pooled_e) / pooled_e, ++categories;
   ASSERT_GE(categories, 2);
-  const double p_value = upper_gamma_q((categories - 1) / 2.0, chi2 / 2);
+  const double p_value = test::upper_gamma_q((categories - 1) / 2.0, chi2 / 2);
   EXPECT_GT(p_value, 1e-6) << "chi-square " << chi2 << " over " << categories << " categories";
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "tests/test_util.h"
 
 namespace parity {
 namespace {
@@ -18,44 +19,13 @@ const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr uint64_t kOne = uint64_t(1) << 40;  // the weight of the largest logit
 
-// The regularized upper incomplete gamma function Q(a, x) (Numerical Recipes gammq): the
-// chi-square survival function is Q(df / 2, x / 2).
-double upper_gamma_q(double a, double x) {
-  if (x <= 0) return 1;
-  const double log_prefix = -x + a * std::log(x) - std::lgamma(a);
-  if (x < a + 1) {  // series for P, then Q = 1 - P
-    double sum = 1 / a, term = sum;
-    for (int n = 1; n < 1000; ++n) {
-      term *= x / (a + n);
-      sum += term;
-      if (std::fabs(term) < std::fabs(sum) * 1e-15) break;
-    }
-    return 1 - sum * std::exp(log_prefix);
-  }
-  // Continued fraction for Q (modified Lentz).
-  const double tiny = 1e-300;
-  double b = x + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
-  for (int i = 1; i < 1000; ++i) {
-    const double an = -i * (i - a);
-    b += 2;
-    d = an * d + b;
-    if (std::fabs(d) < tiny) d = tiny;
-    c = b + an / c;
-    if (std::fabs(c) < tiny) c = tiny;
-    d = 1 / d;
-    const double del = d * c;
-    h *= del;
-    if (std::fabs(del - 1) < 1e-15) break;
-  }
-  return std::exp(log_prefix) * h;
-}
 
 TEST(EngineSampler, ChiSquareSurvivalMatchesKnownValues) {
   // chi2.sf(3, 2) = exp(-1.5); chi2.sf(10, 4) = 6 exp(-5).
-  EXPECT_NEAR(upper_gamma_q(1.0, 1.5), std::exp(-1.5), 1e-12);
-  EXPECT_NEAR(upper_gamma_q(2.0, 5.0), 0.040427681994512805, 1e-12);
+  EXPECT_NEAR(test::upper_gamma_q(1.0, 1.5), std::exp(-1.5), 1e-12);
+  EXPECT_NEAR(test::upper_gamma_q(2.0, 5.0), 0.040427681994512805, 1e-12);
   // chi2.sf(2, 7) = Q(3.5, 1) = erfc(1) + sum over a = 1/2, 3/2, 5/2 of e^-1 / Gamma(a + 1)
-  EXPECT_NEAR(upper_gamma_q(3.5, 1.0), 0.9598403687301015, 1e-12);
+  EXPECT_NEAR(test::upper_gamma_q(3.5, 1.0), 0.9598403687301015, 1e-12);
 }
 
 TEST(EngineSampler, GreedyIsArgmaxLowestIndexOnTies) {
@@ -277,7 +247,7 @@ TEST(EngineSampler, DrawsFollowTheRestrictedSoftmax) {
       ++categories;
     }
     ASSERT_GE(categories, 2);
-    const double p_value = upper_gamma_q((categories - 1) / 2.0, chi2 / 2);
+    const double p_value = test::upper_gamma_q((categories - 1) / 2.0, chi2 / 2);
     EXPECT_GT(p_value, 1e-6) << "chi-square " << chi2 << " over " << categories << " tokens";
   }
 }

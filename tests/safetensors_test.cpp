@@ -71,17 +71,6 @@ std::string write_st(const std::string& dir, const std::string& name, const std:
   return path;
 }
 
-// An error message: one line of bounded length (an untrusted value is never echoed whole),
-// naming `where`, holding every fragment.
-constexpr size_t kMaxMessage = 300;
-void expect_message(const std::string& msg, const std::string& where,
-                    std::initializer_list<std::string> fragments) {
-  EXPECT_NE(msg.find(where), std::string::npos) << "does not name " << where << ": " << msg;
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
-  EXPECT_LT(msg.size(), kMaxMessage) << "too long: " << msg.substr(0, 1000);
-  for (const auto& s : fragments)
-    EXPECT_NE(msg.find(s), std::string::npos) << "'" << s << "' not in: " << msg.substr(0, 1000);
-}
 
 // Runs `f` and expects a parity::Error per expect_message.
 void expect_error(const std::function<void()>& f, const std::string& where,
@@ -90,7 +79,7 @@ void expect_error(const std::function<void()>& f, const std::string& where,
     f();
     ADD_FAILURE() << "no error; expected one naming " << where;
   } catch (const Error& e) {
-    expect_message(e.what(), where, fragments);
+    test::expect_message(e.what(), where, fragments);
   }
 }
 
@@ -557,7 +546,7 @@ void expect_prompt_refusal(const std::function<void()>& load, const std::string&
   }
   const std::string got = result.get();
   ASSERT_EQ(got.rfind("error: ", 0), 0u) << got;
-  expect_message(got, where, fragments);
+  test::expect_message(got, where, fragments);
 }
 
 std::string make_fifo(const std::string& path) {

@@ -1,9 +1,12 @@
 #include "tests/test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -92,6 +95,46 @@ ToolResult run_tool(const std::string& tool, const std::string& args) {
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+void expect_message(const std::string& msg, const std::string& where,
+                    std::initializer_list<std::string> fragments) {
+  constexpr size_t kMaxMessage = 300;
+  EXPECT_NE(msg.find(where), std::string::npos) << "does not name " << where << ": " << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+  EXPECT_LT(msg.size(), kMaxMessage) << "too long: " << msg.substr(0, 1000);
+  for (const auto& s : fragments)
+    EXPECT_NE(msg.find(s), std::string::npos) << "'" << s << "' not in: " << msg.substr(0, 1000);
+}
+
+double upper_gamma_q(double a, double x) {
+  if (x <= 0) return 1;
+  const double log_prefix = -x + a * std::log(x) - std::lgamma(a);
+  if (x < a + 1) {  // series for P, then Q = 1 - P
+    double sum = 1 / a, term = sum;
+    for (int n = 1; n < 1000; ++n) {
+      term *= x / (a + n);
+      sum += term;
+      if (std::fabs(term) < std::fabs(sum) * 1e-15) break;
+    }
+    return 1 - sum * std::exp(log_prefix);
+  }
+  // Continued fraction for Q (modified Lentz).
+  const double tiny = 1e-300;
+  double b = x + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
+  for (int i = 1; i < 1000; ++i) {
+    const double an = -i * (i - a);
+    b += 2;
+    d = an * d + b;
+    if (std::fabs(d) < tiny) d = tiny;
+    c = b + an / c;
+    if (std::fabs(c) < tiny) c = tiny;
+    d = 1 / d;
+    const double del = d * c;
+    h *= del;
+    if (std::fabs(del - 1) < 1e-15) break;
+  }
+  return std::exp(log_prefix) * h;
 }
 
 }  // namespace parity::test

@@ -1,6 +1,7 @@
 // Shared helpers for the test binary: a process-wide tiny synthetic model, temp directories,
 // and running the built tools.
 #pragma once
+#include <initializer_list>
 #include <string>
 
 #include "model/config.h"
@@ -19,6 +20,16 @@ std::string temp_dir(const std::string& tag);
 // Why candidate backend `name` cannot run in this build and on this machine ("hip" without a
 // device backend or a GPU), or "" when it can: the reason a device test skips with.
 std::string candidate_unavailable(const std::string& name);
+
+// Expects an error message of the house form: one line of bounded length (an untrusted value is
+// never echoed whole), naming `where` (the file), holding every fragment.
+void expect_message(const std::string& msg, const std::string& where,
+                    std::initializer_list<std::string> fragments);
+
+// The regularized upper incomplete gamma function Q(a, x) (series / continued fraction, as
+// Numerical Recipes' gammq): the chi-square survival function of statistic x2 with df degrees of
+// freedom is Q(df / 2, x2 / 2). The sampler tests' p-values.
+double upper_gamma_q(double a, double x);
 
 struct ToolResult {
   int exit_code = -1;
