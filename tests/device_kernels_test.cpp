@@ -1005,8 +1005,11 @@ class MoeCase {
     dw.out = out_;
     dw.in = in_;
     Output y(size_t(rows_) * k_ * out_), act(size_t(rows_) * k_ * out_ / 2);
+    const size_t routing_ints = moe_routing_ints(int64_t(rows_) * k_, E);
+    DeviceBuffer routing(routing_ints * sizeof(int32_t));
     launch_f32_moe_gemv(dw, didx.as<int32_t>(), rows_, k_, dx.as<float>(), x_row, x_slot, y.ptr(),
-                        swiglu_ ? act.ptr() : nullptr, 1.702f, 7.0f, nullptr);
+                        swiglu_ ? act.ptr() : nullptr, 1.702f, 7.0f,
+                        {routing.as<int32_t>(), routing_ints}, nullptr);
 
     std::vector<double> want, want_act, atol, act_atol;
     std::vector<double> row(static_cast<size_t>(in_));
@@ -1080,9 +1083,171 @@ TEST_F(DeviceKernels, MoeInvalidExpertIndexWritesNaNNotGarbage) {
   w.experts = E, w.out = out, w.in = in;
   Output y(static_cast<size_t>(out)), act(size_t(out / 2));
   launch_f32_moe_gemv(w, di.as<int32_t>(), 1, 1, dx.as<float>(), in, 0, y.ptr(), act.ptr(), 1.702f,
-                      7.0f, nullptr);
+                      7.0f, {}, nullptr);
   for (float v : y.fetch()) EXPECT_TRUE(std::isnan(v));
   for (float v : act.fetch()) EXPECT_TRUE(std::isnan(v));
+}
+
+// The grouped MXFP4 path (pairs sorted by expert, one weight load per tile of pairs) against the
+// per-pair path: the same bits for every output, including NaN for invalid expert indices, and
+// the routing workspace equal to a host stable counting sort.
+enum class Routing { random, one_expert, with_invalid };
+
+class MoeGroupedCase {
+ public:
+  MoeGroupedCase& experts(int e) {
+    experts_ = e;
+    return *this;
+  }
+  MoeGroupedCase& out(int o) {
+    out_ = o;
+    return *this;
+  }
+  MoeGroupedCase& in(int i) {
+    in_ = i;
+    return *this;
+  }
+  MoeGroupedCase& k(int k) {
+    k_ = k;
+    return *this;
+  }
+  MoeGroupedCase& swiglu(bool s) {
+    swiglu_ = s;
+    return *this;
+  }
+  MoeGroupedCase& routing(Routing r) {
+    routing_ = r;
+    return *this;
+  }
+  void run(std::initializer_list<int> batches) const {
+    std::mt19937_64 rng(43 + uint64_t(out_) * 7 + uint64_t(in_) + uint64_t(routing_));
+    const int E = experts_, G = in_ / 32;
+    std::vector<uint8_t> blocks(size_t(E) * out_ * G * 16), scales(size_t(E) * out_ * G);
+    for (size_t i = 0; i < blocks.size(); i += 8) {
+      const uint64_t r = rng();
+      std::memcpy(&blocks[i], &r, 8);  // 16-byte blocks: whole words
+    }
+    std::uniform_int_distribution<int> sc(118, 129);
+    for (auto& s : scales) s = uint8_t(sc(rng));
+    const std::vector<float> bias = random_floats(rng, size_t(E) * out_, -1, 1);
+    DeviceBuffer dblocks = upload(blocks), dscales = upload(scales), dbias = upload(bias);
+    ExpertWeights w;
+    w.blocks = dblocks.as<uint8_t>();
+    w.scales = dscales.as<uint8_t>();
+    w.bias = dbias.as<float>();
+    w.experts = E, w.out = out_, w.in = in_;
+    for (const int rows : batches) {
+      SCOPED_TRACE(fmt::format("moe grouped {} experts={} out={} in={} k={} rows={} routing={}",
+                               swiglu_ ? "mlp1+swiglu" : "mlp2", E, out_, in_, k_, rows,
+                               routing_ == Routing::random       ? "random"
+                               : routing_ == Routing::one_expert ? "one expert"
+                                                                 : "with invalid"));
+      const int pairs = rows * k_;
+      std::vector<int32_t> idx(static_cast<size_t>(pairs));
+      std::vector<int> perm(static_cast<size_t>(E));
+      for (int r = 0; r < rows; ++r) {
+        for (int e = 0; e < E; ++e) perm[size_t(e)] = e;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int s = 0; s < k_; ++s) {
+          int32_t e = perm[size_t(s % E)];
+          if (routing_ == Routing::one_expert) e = E / 2;
+          if (routing_ == Routing::with_invalid && (r * k_ + s) % 5 == 2)
+            e = (r * k_ + s) % 2 ? E : -1;
+          idx[size_t(r) * k_ + s] = e;
+        }
+      }
+      const int x_row = swiglu_ ? in_ : k_ * in_, x_slot = swiglu_ ? 0 : in_;
+      const std::vector<float> x = random_floats(rng, size_t(rows) * x_row, -2, 2);
+      DeviceBuffer didx = upload(idx), dx = upload(x);
+      const size_t routing_ints = moe_routing_ints(pairs, E);
+      DeviceBuffer routing(routing_ints * sizeof(int32_t));
+      const std::span<int32_t> rspan{routing.as<int32_t>(), routing_ints};
+      const size_t ny = size_t(pairs) * out_, na = swiglu_ ? ny / 2 : 1;
+      Output y_pair(ny), y_group(ny), y_entry(ny), a_pair(na), a_group(na), a_entry(na);
+      const auto act = [&](const Output& a) { return swiglu_ ? a.ptr() : nullptr; };
+      detail::launch_f32_mxfp4w_moe_gemv_per_pair(w, didx.as<int32_t>(), rows, k_, dx.as<float>(),
+                                                  x_row, x_slot, y_pair.ptr(), act(a_pair),
+                                                  1.702f, 7.0f, nullptr);
+      detail::launch_f32_mxfp4w_moe_gemv_grouped(w, didx.as<int32_t>(), rows, k_, dx.as<float>(),
+                                                 x_row, x_slot, y_group.ptr(), act(a_group),
+                                                 1.702f, 7.0f, rspan, nullptr);
+      const std::vector<int32_t> got_routing = download<int32_t>(routing, routing_ints);
+      launch_f32_moe_gemv(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
+                          y_entry.ptr(), act(a_entry), 1.702f, 7.0f, rspan, nullptr);
+
+      // The routing workspace: a stable counting sort by expert, invalid indices last.
+      std::vector<int32_t> want_routing(routing_ints);
+      std::vector<std::vector<int32_t>> bucket(size_t(E) + 1);
+      for (int i = 0; i < pairs; ++i) {
+        const int e = idx[size_t(i)];
+        bucket[e < 0 || e >= E ? size_t(E) : size_t(e)].push_back(i);
+      }
+      int start = 0, tiles = 0;
+      for (int b = 0; b <= E; ++b) {
+        want_routing[size_t(b)] = start;
+        want_routing[size_t(E + 2 + b)] = tiles;
+        for (const int32_t i : bucket[size_t(b)]) want_routing[size_t(2 * (E + 2) + start++)] = i;
+        tiles += (int(bucket[size_t(b)].size()) + 2) / 3;  // tiles of up to 3 pairs
+      }
+      want_routing[size_t(E + 1)] = start;
+      want_routing[size_t(2 * E + 3)] = tiles;
+      EXPECT_EQ(got_routing, want_routing) << "routing workspace";
+
+      const std::vector<float> yp = y_pair.fetch(), yg = y_group.fetch(), ye = y_entry.fetch();
+      EXPECT_EQ(std::memcmp(yp.data(), yg.data(), ny * sizeof(float)), 0) << "mlp1/mlp2 bits";
+      EXPECT_EQ(std::memcmp(yp.data(), ye.data(), ny * sizeof(float)), 0) << "entry point bits";
+      if (swiglu_) {
+        const std::vector<float> ap = a_pair.fetch(), ag = a_group.fetch(), ae = a_entry.fetch();
+        EXPECT_EQ(std::memcmp(ap.data(), ag.data(), na * sizeof(float)), 0) << "swiglu bits";
+        EXPECT_EQ(std::memcmp(ap.data(), ae.data(), na * sizeof(float)), 0) << "entry swiglu bits";
+        for (int i = 0; i < pairs; ++i) {
+          const bool invalid = idx[size_t(i)] < 0 || idx[size_t(i)] >= E;
+          for (int j = 0; j < out_ / 2; ++j)
+            ASSERT_EQ(std::isnan(ag[size_t(i) * (out_ / 2) + j]), invalid) << "pair " << i;
+        }
+      }
+      // Every output written (the poison is NaN, which memcmp alone would not tell apart).
+      for (int i = 0; i < pairs; ++i) {
+        const bool invalid = idx[size_t(i)] < 0 || idx[size_t(i)] >= E;
+        for (int j = 0; j < out_; ++j)
+          ASSERT_EQ(std::isnan(yg[size_t(i) * out_ + j]), invalid) << "pair " << i << " out " << j;
+      }
+    }
+  }
+
+ private:
+  int experts_ = 32, out_ = 5760, in_ = 2880, k_ = 4;
+  bool swiglu_ = true;
+  Routing routing_ = Routing::random;
+};
+
+TEST_F(DeviceKernels, MoeGroupedEqualsPerPairMlp1RealShape) {
+  MoeGroupedCase().run({1, 3, 64, 300});
+}
+TEST_F(DeviceKernels, MoeGroupedEqualsPerPairMlp2RealShape) {
+  MoeGroupedCase().out(2880).swiglu(false).run({1, 3, 64, 300});
+}
+TEST_F(DeviceKernels, MoeGroupedEqualsPerPairAllPairsOnOneExpert) {
+  MoeGroupedCase().routing(Routing::one_expert).run({1, 3, 64, 300});
+  MoeGroupedCase().out(2880).swiglu(false).routing(Routing::one_expert).run({64});
+}
+TEST_F(DeviceKernels, MoeGroupedEqualsPerPairWithInvalidExpertIndices) {
+  MoeGroupedCase().routing(Routing::with_invalid).run({1, 3, 64, 300});
+  MoeGroupedCase().out(2880).swiglu(false).routing(Routing::with_invalid).run({3, 64});
+}
+TEST_F(DeviceKernels, MoeGroupedEqualsPerPairOddShapes) {
+  // out not a multiple of a warp's rows (70: a warp with one gate/linear pair; 33: one row),
+  // fewer blocks than lanes (in 96), more blocks than one pass of loads in flight (in 3616).
+  for (const Routing r : {Routing::random, Routing::with_invalid}) {
+    MoeGroupedCase().experts(5).out(70).in(96).k(3).routing(r).run({1, 3, 64, 300});
+    MoeGroupedCase().experts(5).out(33).in(64).k(3).swiglu(false).routing(r).run({1, 3, 64, 300});
+    MoeGroupedCase().experts(7).out(38).in(3616).k(2).routing(r).run({1, 3, 64, 300});
+    MoeGroupedCase().experts(1).out(36).in(3616).k(1).swiglu(false).routing(r).run({1, 300});
+  }
+}
+TEST_F(DeviceKernels, MoeGroupedPathAgainstTheReference) {
+  MoeCase().experts(5).out(128).in(96).k(4).rows(16).run();  // 64 pairs: the grouped path
+  MoeCase().experts(5).out(96).in(128).k(4).rows(16).swiglu(false).run();
 }
 
 // ------------------------------------------------------------------ swiglu, sums, add ---
@@ -1159,8 +1324,15 @@ TEST_F(DeviceKernels, LaunchersRejectBadArguments) {
   ew.experts = 1, ew.out = 2, ew.in = 48;  // not a multiple of 32
   EXPECT_THROW(
       launch_f32_moe_gemv(ew, reinterpret_cast<const int32_t*>(x.as()), 1, 1, x.as<float>(), 48, 0,
-                          x.as<float>(), nullptr, 1.702f, 7.0f, nullptr),
+                          x.as<float>(), nullptr, 1.702f, 7.0f, {}, nullptr),
       parity::Error);
+  // A step of 16 pairs takes the grouped path, whose routing workspace is too small here.
+  ew.in = 32;
+  DeviceBuffer routing(4 * sizeof(int32_t));
+  EXPECT_THROW(launch_f32_moe_gemv(ew, reinterpret_cast<const int32_t*>(x.as()), 16, 1,
+                                   x.as<float>(), 0, 0, x.as<float>(), nullptr, 1.702f, 7.0f,
+                                   {routing.as<int32_t>(), 4}, nullptr),
+               parity::Error);
 }
 
 }  // namespace

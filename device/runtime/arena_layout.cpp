@@ -26,6 +26,10 @@ ArenaLayout ArenaLayout::of(const Config& c, int rows, int max_context) {
     a.stage_offset[size_t(s.stage)] = bytes;
     bytes += (size_t(rows) * stage_row_floats(c, s.stage) * sizeof(float) + 255) / 256 * 256;
   }
+  a.moe_routing_offset = bytes;
+  a.moe_routing_ints =
+      size_t(rows) * size_t(c.num_experts_per_tok) + 2 * (size_t(c.num_local_experts) + 2);
+  bytes += (a.moe_routing_ints * sizeof(int32_t) + 255) / 256 * 256;
   a.workspace_offset = bytes;
   AttentionShape shape;
   shape.n_heads = c.num_attention_heads;
