@@ -101,13 +101,18 @@ enum parity_capture_status {
   PARITY_CAPTURE_ERR_COPY = 8       /* the copy callback failed */
 };
 
-/* Element types of recorded data. float16 and bfloat16 are raw uint16 bit patterns. */
+/* Element types of recorded data. float16 and bfloat16 are raw uint16 bit patterns. The two
+ * bounds are not types: they give the enumeration the range of an int, so that any value a caller
+ * passes is a value of this type (in C++ a value outside an enumeration's range is undefined),
+ * and one that is not a type above is refused at the call. */
 typedef enum parity_capture_dtype {
   PARITY_CAPTURE_F32 = 0,
   PARITY_CAPTURE_F16 = 1,
   PARITY_CAPTURE_BF16 = 2,
   PARITY_CAPTURE_F64 = 3,
-  PARITY_CAPTURE_I32 = 4
+  PARITY_CAPTURE_I32 = 4,
+  PARITY_CAPTURE_DTYPE_MIN_BOUND = -0x7fffffff - 1,
+  PARITY_CAPTURE_DTYPE_MAX_BOUND = 0x7fffffff
 } parity_capture_dtype;
 
 /* Layout flags (see above). */

@@ -271,6 +271,9 @@ TEST(CaptureApi, BadRecordsAreRefusedAtTheCall) {
   refused(parity_capture_record(cap, "attn_norm", 0, 0, -1, hidden.data(), parity_capture_dtype(9),
                                 64, 0),
           PARITY_CAPTURE_ERR_ARGUMENT, {"unknown dtype"});
+  refused(parity_capture_record(cap, "attn_norm", 0, 0, -1, hidden.data(),
+                                parity_capture_dtype(-3), 64, 0),
+          PARITY_CAPTURE_ERR_ARGUMENT, {"unknown dtype"});
   // A duplicate: a whole row, a slot, a part; and a whole row over recorded slots.
   ASSERT_EQ(record(cap, "attn_norm", 4, 2, hidden), 0) << parity_capture_last_error();
   refused(record(cap, "attn_norm", 4, 2, hidden), PARITY_CAPTURE_ERR_DUPLICATE,

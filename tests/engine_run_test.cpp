@@ -108,7 +108,8 @@ TEST(EngineRun, SmallBatchKeepsOrderAndLosesNothing) {
     text += p + "\n";
   }
   write(dir + "/requests.txt", text);
-  const std::string common = model + " -m getp -n 5 -t 0.8 -s 7 --text -i " + dir + "/requests.txt";
+  const std::string common =
+      model + " -m getp --backend cpu-f32 -n 5 -t 0.8 -s 7 --text -i " + dir + "/requests.txt";
   const auto batched =
       test::run_tool("run", common + " --max-batch 3 --step-tokens 16 -o " + dir + "/b.txt");
   ASSERT_EQ(batched.exit_code, 0) << batched.output;
@@ -130,7 +131,7 @@ TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
   for (int i = 0; i < 3000; ++i) long_line += "w" + std::to_string(i) + " ";
   write(dir + "/requests.txt",
         "good one\n\ninvalid \xc3\x28 utf8\nbad \\q escape\n" + long_line + "\nalso good\n");
-  const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp -n 3 -i " + dir +
+  const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp --backend cpu-f32 -n 3 -i " + dir +
                                            "/requests.txt -o " + dir + "/out.txt");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const auto out = lines_of(read(dir + "/out.txt"));
@@ -147,7 +148,7 @@ TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
 TEST(EngineRun, ContextFlagLimitsPromptAndGeneration) {
   const std::string dir = test::temp_dir("engine-run");
   write(dir + "/requests.txt", "hi\none two three four five six seven eight nine ten eleven\n");
-  const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp -n 50 --context 8 -i " +
+  const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp --backend cpu-f32 -n 50 --context 8 -i " +
                                            dir + "/requests.txt -o " + dir + "/out.txt");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const auto out = lines_of(read(dir + "/out.txt"));
@@ -174,7 +175,7 @@ TEST(EngineRun, UnreadableRequestFileIsExitTwo) {
 
 TEST(EngineRun, GenerateStreamsText) {
   const auto r = test::run_tool(
-      "run", test::tiny_model_dir() + " -m generate -i 'Hello there' -n 8 --harmony");
+      "run", test::tiny_model_dir() + " -m generate --backend cpu-f32 -i 'Hello there' -n 8 --harmony");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("1 requests (0 failed)"), std::string::npos) << r.output;
 }
@@ -183,7 +184,7 @@ TEST(EngineRun, GenerateWithATooLongPromptIsExitOne) {
   std::string prompt;
   for (int i = 0; i < 3000; ++i) prompt += "w" + std::to_string(i) + " ";
   const auto r =
-      test::run_tool("run", test::tiny_model_dir() + " -m generate -n 2 -i '" + prompt + "'");
+      test::run_tool("run", test::tiny_model_dir() + " -m generate --backend cpu-f32 -n 2 -i '" + prompt + "'");
   EXPECT_EQ(r.exit_code, 1) << r.output.substr(0, 400);
   EXPECT_NE(r.output.find("run: request failed: "), std::string::npos) << r.output.substr(0, 400);
   EXPECT_NE(r.output.find("longer than the context"), std::string::npos);
@@ -192,7 +193,7 @@ TEST(EngineRun, GenerateWithATooLongPromptIsExitOne) {
 TEST(EngineRun, BadSamplingValuesAreExitTwo) {
   for (const std::string flags : {"--top-p 0", "--top-p 1.5", "--top-k -2"}) {
     const auto r =
-        test::run_tool("run", test::tiny_model_dir() + " -m generate -i hi -n 2 " + flags);
+        test::run_tool("run", test::tiny_model_dir() + " -m generate --backend cpu-f32 -i hi -n 2 " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
     EXPECT_NE(r.output.find("run: error: "), std::string::npos) << flags << ": " << r.output;
   }
@@ -247,12 +248,12 @@ TEST(EngineRun, SeveralHostEnginesAndASmallKvMemoryWriteTheSameOutput) {
 TEST(EngineRun, TheTinyPresetGetsItsTokenizerWritten) {
   const std::string models = test::temp_dir("engine-models");
   const auto r =
-      test::run_tool("run", "tiny --models-dir " + models + " -m generate -i hello -n 3");
+      test::run_tool("run", "tiny --models-dir " + models + " -m generate --backend cpu-f32 -i hello -n 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::ifstream(models + "/tiny/tokenizer.json").good());
   // The second run reads the written file and generates the same.
   const auto again =
-      test::run_tool("run", "tiny --models-dir " + models + " -m generate -i hello -n 3");
+      test::run_tool("run", "tiny --models-dir " + models + " -m generate --backend cpu-f32 -i hello -n 3");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(r.output.substr(0, r.output.find("run: ")),
             again.output.substr(0, again.output.find("run: ")));
