@@ -107,7 +107,9 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
   const int n = int(samples.size());
   if (n == 0) {
     rt_.make_current();
-    HIP_CHECK(hipStreamSynchronize(rt_.stream()));  // the step's KV writes are done
+    // Wait even with nothing to read back: the engine times each step to split its time
+    // between prefill and decode rows, and a step is long next to this wait.
+    HIP_CHECK(hipStreamSynchronize(rt_.stream()));
     return {};
   }
   stage_buffers(n);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "device/runtime/device_buffer.h"
+#include "tests/device_test_util.h"
 #include "device/hip_backend.h"
 #include "device/kernels.h"
 #include "model/config.h"
@@ -45,21 +46,8 @@ class DeviceKernels : public ::testing::Test {
 
 // ------------------------------------------------------------------------------ helpers ---
 
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(1, v.size()) * sizeof(T));
-  if (!v.empty())
-    HIP_CHECK(hipMemcpy(b.as(), v.data(), v.size() * sizeof(T), hipMemcpyHostToDevice));
-  return b;
-}
-
-template <typename T>
-std::vector<T> download(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  HIP_CHECK(hipDeviceSynchronize());
-  HIP_CHECK(hipMemcpy(v.data(), b.as(), n * sizeof(T), hipMemcpyDeviceToHost));
-  return v;
-}
+using test::download;
+using test::upload;
 
 // An output of n floats, poisoned with NaN, followed by kGuard sentinels.
 class Output {

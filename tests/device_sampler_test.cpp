@@ -23,6 +23,7 @@
 #include "device/kernels.h"
 #include "device/runtime/device.h"
 #include "device/runtime/device_buffer.h"
+#include "tests/device_test_util.h"
 #include "engine/sampler.h"
 #include "tests/test_util.h"
 #include "model/error.h"
@@ -41,21 +42,8 @@ class DeviceSampler : public ::testing::Test {
   }
 };
 
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(1, v.size()) * sizeof(T));
-  if (!v.empty())
-    HIP_CHECK(hipMemcpy(b.as(), v.data(), v.size() * sizeof(T), hipMemcpyHostToDevice));
-  return b;
-}
-
-template <typename T>
-std::vector<T> download(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  HIP_CHECK(hipDeviceSynchronize());
-  HIP_CHECK(hipMemcpy(v.data(), b.as(), n * sizeof(T), hipMemcpyDeviceToHost));
-  return v;
-}
+using test::download;
+using test::upload;
 
 // One row of a case: its logits, the parameters, the generator's keys.
 struct Row {
