@@ -5,6 +5,8 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "device/hip_compat.h"
 #include "device/kernels.h"
@@ -88,6 +90,17 @@ __device__ __forceinline__ void load8(const W* p, float (&v)[8]) {
 // loader refuses 255).
 __device__ __forceinline__ float e8m0_to_f32(uint32_t s) {
   return s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23);
+}
+
+// f(integral_constant<int, 0>{}), ..., f(integral_constant<int, N - 1>{}), in order (read the
+// counter as decltype(arg)::value: nvcc has no device conversion operator for it): a loop
+// unrolled without a pragma (clang declines to unroll loops whose bodies hold shuffles under a
+// branch), so register arrays indexed by the counter stay in registers.
+template <int N, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
 }
 
 // Sum over the warp by a butterfly; every lane ends with the same, order-fixed value.

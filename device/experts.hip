@@ -1,25 +1,23 @@
 // Expert projections mlp1 (gate_up) and mlp2 (down) for the k experts each row selected, with
 // the expert index read from device memory (topk_idx): y = W[e] x + b[e] (bias before the
-// routing weight, gpt_oss/torch/model.py MLPBlock). mlp1 fuses SwiGLU into its epilogue: one
-// warp computes the interleaved pair (gate 2i, linear 2i + 1) and also writes swiglu[i]; both
-// stage outputs are written, so the tracer still sees mlp1 and swiglu.
+// routing weight, gpt_oss/torch/model.py MLPBlock). mlp1 fuses SwiGLU into its epilogue (the
+// lanes holding gate 2i and linear 2i + 1 exchange them and write swiglu[i]); both stage outputs
+// are written, so the tracer still sees mlp1 and swiglu.
 //
 // MXFP4 (OCP MX, gpt-oss-spec section 3): row j of W[e] is in/32 blocks of 16 bytes; byte b of
 // block g holds element 32 g + 2 b in its low nibble and 32 g + 2 b + 1 in its high nibble, and
-// the block's E8M0 scale byte multiplies by 2^(s - 127). One warp per kRowsPerWarp output
-// rows: lane l takes whole blocks (one 16-byte load and one scale byte per row), decodes the
-// FP4 codes through a 16-entry shared table, dots them with the block's 32 inputs (staged once
-// per thread block in shared memory) in element order and applies the power-of-two scale to
-// the block sum; the lanes' sums are combined by a fixed butterfly.
-//
-// Two MXFP4 paths give the same bits. Per pair (small steps): a thread block per (output tile,
-// slot, row), so every (row, slot) pair streams its expert's whole matrix. Grouped (batched
-// steps): a one-block kernel sorts the step's pairs by expert (stable counting sort into the
-// routing workspace), then a thread block per (output tile, tile of up to kPairsPerTile pairs of
-// one expert) loads each weight block once, decodes it once and applies it to every pair of the
-// tile. Each output element still sees the same fmaf sequence (blocks g = lane, lane + warp,
-// ... in order; within a block the 32 products in element order; then the scale, the butterfly,
-// the bias and SwiGLU), so only which warp computes it changes.
+// the block's E8M0 scale byte multiplies by 2^(s - 127). The kernel runs on BF16 MMA tiles with
+// float32 accumulation and keeps float32 accuracy: every weight times its scale is exact in BF16
+// (decoded in registers by bit placement and one BF16 multiply, mxfp4_word_to_bf16), and x is
+// split into three BF16 parts that sum to it exactly (moe_split_inputs), so each product on the
+// tiles is exact and the only roundings are the float32 accumulations -- a float32 dot product in
+// another order. One launch: (1) steps of more than a few pairs sort their (row, slot) pairs by
+// expert (a stable counting sort into the routing workspace) so that a tile's pairs share one
+// expert and its weights are read once per tile; (2) x is split; (3) a block computes 16 MT
+// rows by 8 NT pairs of one expert per tile, each of its four groups of 32 lanes over a quarter
+// of the inputs (f32_mxfp4w_moe_mma). Tilings differ in which
+// lanes compute an element, never in its sequence of MMA steps, so the results are the same bits
+// for any step size.
 //
 // Dense (the layout transformers writes for a dequantized model): W[e] stored [in, out], so one
 // thread per output column walks the input axis; neighbouring threads read neighbouring columns.
@@ -47,14 +45,6 @@ struct MoeArgs {
   float alpha, limit;
 };
 
-// FP4 E2M1 code -> value: [+0, .5, 1, 1.5, 2, 3, 4, 6, -0, -.5, -1, -1.5, -2, -3, -4, -6].
-__device__ __forceinline__ float fp4_e2m1_value(int code) {
-  const int mag = code & 7;
-  const float v =
-      mag < 2 ? 0.5f * float(mag) : float(1 << ((mag >> 1) - 1)) * (1.0f + 0.5f * float(mag & 1));
-  return code & 8 ? -v : v;
-}
-
 // Writes the outputs of one (row, slot, unit) when its expert index is invalid: NaN, visibly.
 __device__ void write_invalid(const MoeArgs& a, int64_t row_slot, int j0, int unit, bool swiglu) {
   a.y[row_slot * a.out + j0] = NAN;
@@ -76,125 +66,95 @@ __device__ void write_outputs(const MoeArgs& a, int e, int64_t row_slot, int j0,
   }
 }
 
-// x rows live in shared memory with a 4-float pad after every 32 floats: a lane reads the 32
-// inputs of one MXFP4 block as eight 16-byte loads, and the 8 lanes of a quarter-warp then
-// touch 32 distinct banks (stride 144 bytes) instead of the same four (stride 128 bytes).
-__host__ __device__ __forceinline__ int padded(int i) {
-  return i + (i >> 5) * 4;
-}
+// ------------------------------------------------------------------- MXFP4 on MMA tiles ---
 
-// Output rows per warp (mlp1: two gate/linear pairs; mlp2: four rows) and blocks per lane in
-// flight: a warp streams its rows' 16-byte blocks side by side (lane l takes block l of each
-// row: 512 coalesced bytes per row per step), kInFlight steps of loads issued before any is
-// used, and each lane's 32 inputs serve every row.
-constexpr int kRowsPerWarp = 4;
-constexpr int kInFlight = 3;
-
-// Dot of one MXFP4 block (32 codes in a uint4; byte b: low nibble element 2b, high 2b + 1)
-// with 32 inputs, in element order.
-__device__ __forceinline__ float mxfp4_block_dot(const uint4 q, const float (&x)[32],
-                                                 const float* lut) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  float s = 0.0f;
-#pragma unroll
-  for (int wi = 0; wi < 4; ++wi) {
-#pragma unroll
-    for (int bi = 0; bi < 4; ++bi) {
-      const uint32_t byte = (w[wi] >> (8 * bi)) & 0xffu;
-      const int e = 2 * (4 * wi + bi);
-      s = fmaf(lut[byte & 0xfu], x[e], s);
-      s = fmaf(lut[byte >> 4], x[e + 1], s);
-    }
-  }
-  return s;
-}
-
-// grid (ceil(out / (warps per block * kRowsPerWarp)), k, B).
-template <bool kSwiGLU>
-__global__ void __launch_bounds__(kThreads) f32_mxfp4w_moe_gemv(const MoeArgs a) {
-  extern __shared__ float xs[];  // padded(in) floats: this (row, slot)'s input
-  __shared__ float lut[16];
-  const int slot = int(blockIdx.y), r = int(blockIdx.z);
-  const int64_t row_slot = int64_t(r) * a.k + slot;
-  const float* xr = a.x + int64_t(r) * a.x_row_stride + int64_t(slot) * a.x_slot_stride;
-  for (int i = int(threadIdx.x); i < a.in / 4; i += int(blockDim.x))
-    *reinterpret_cast<float4*>(xs + padded(4 * i)) = *reinterpret_cast<const float4*>(xr + 4 * i);
-  if (threadIdx.x < 16) lut[threadIdx.x] = fp4_e2m1_value(int(threadIdx.x));
-  __syncthreads();
-
-  const int lane = int(threadIdx.x) % kWarpSize;
-  const int warp = int(blockIdx.x) * (int(blockDim.x) / kWarpSize) + int(threadIdx.x) / kWarpSize;
-  const int j0 = warp * kRowsPerWarp;  // first output row of this warp
-  if (j0 >= a.out) return;             // whole warps leave together
-  const int nrows = min(kRowsPerWarp, a.out - j0);
-  const int e = a.idx[row_slot];
-  if (e < 0 || e >= a.experts) {
-    if (lane == 0)
-      for (int t = 0; t < nrows; t += kSwiGLU ? 2 : 1)
-        write_invalid(a, row_slot, j0 + t, (j0 + t) / 2, kSwiGLU);
-    return;
-  }
-  const int groups = a.in / 32;
-  const int64_t row0 = int64_t(e) * a.out + j0;
-  const uint4* q0 = reinterpret_cast<const uint4*>(a.blocks + row0 * groups * 16);
-  const uint8_t* sc0 = a.scales + row0 * groups;
-  float acc[kRowsPerWarp];
-#pragma unroll
-  for (int t = 0; t < kRowsPerWarp; ++t) acc[t] = 0.0f;
-  for (int g0 = lane; g0 < groups; g0 += kInFlight * kWarpSize) {
-    uint4 q[kInFlight][kRowsPerWarp];
-    uint32_t sb[kInFlight][kRowsPerWarp];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int g = g0 + u * kWarpSize;
-#pragma unroll
-      for (int t = 0; t < kRowsPerWarp; ++t) {
-        const bool live = g < groups && t < nrows;
-        q[u][t] = live ? q0[int64_t(t) * groups + g] : uint4{0, 0, 0, 0};
-        sb[u][t] = live ? sc0[int64_t(t) * groups + g] : 127u;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int g = g0 + u * kWarpSize;
-      if (g >= groups) break;
-      float xv[32];
-#pragma unroll
-      for (int v = 0; v < 8; ++v) {
-        const float4 f = *reinterpret_cast<const float4*>(xs + padded(32 * g) + 4 * v);
-        xv[4 * v] = f.x, xv[4 * v + 1] = f.y, xv[4 * v + 2] = f.z, xv[4 * v + 3] = f.w;
-      }
-#pragma unroll
-      for (int t = 0; t < kRowsPerWarp; ++t)
-        acc[t] = fmaf(mxfp4_block_dot(q[u][t], xv, lut), e8m0_to_f32(sb[u][t]), acc[t]);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kRowsPerWarp; ++t) acc[t] = warp_sum(acc[t]);
-  if (lane != 0) return;
-  if constexpr (kSwiGLU) {
-#pragma unroll
-    for (int t = 0; t < kRowsPerWarp; t += 2)
-      if (t < nrows) write_outputs(a, e, row_slot, j0 + t, (j0 + t) / 2, true, acc[t], acc[t + 1]);
-  } else {
-#pragma unroll
-    for (int t = 0; t < kRowsPerWarp; ++t)
-      if (t < nrows) write_outputs(a, e, row_slot, j0 + t, j0 + t, false, acc[t], 0.0f);
-  }
-}
-
-// ------------------------------------------------------------------- grouped by expert ---
-
-// Pairs sharing one weight load in the grouped kernel: their padded input rows are staged in
-// shared memory, 3 x 12,960 bytes at in = 2880, under the 48 KiB a block gets without opt-in.
-constexpr int kPairsPerTile = 3;
-// Steps of at most this many (row, slot) pairs (batch 2 at k = 4) take the per-pair kernel: with
-// more experts than pairs few pairs share an expert, and the sort would cost more than it saves.
-constexpr int kPerPairMaxPairs = 8;
+// A fragment group: 32 lanes (a warp on NVIDIA, half a wavefront on CDNA); four per block.
+constexpr int kMmaLanes = 32;
+constexpr int kMmaThreads = 128;
+constexpr int kMmaGroups = kMmaThreads / kMmaLanes;
+// Chunks (two MXFP4 blocks of a group's rows) of weight loads each lane keeps in flight: four
+// with one 8-pair tile (few pairs: bound by the weight stream), two with four (many pairs: bound
+// by the MMA tiles, and the registers hold the larger B fragments).
+template <int NT>
+constexpr int kPrefetch = NT == 1 ? 4 : 2;
+// 32-bit words of split inputs per MXFP4 block of 32 inputs: 3 BF16 parts x 32 / 2.
+constexpr int kSplitWordsPerBlock = 48;
+// Steps of at most this many (row, slot) pairs (batch 2 at k = 4) take one pair per tile in pair
+// order; larger steps sort the pairs by expert first.
+constexpr int kPairModeMaxPairs = 8;
 // The sort kernel: one block; experts <= kMaxRoutedExperts (a bucket each, plus one for
 // invalid indices).
 constexpr int kRouteThreads = 1024;
 constexpr int kMaxRoutedExperts = 256;
+
+// float -> BF16 bits, rounded to nearest even; a NaN stays a (quiet) NaN.
+__device__ __forceinline__ uint32_t f32_to_bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) {
+  return __uint_as_float(b << 16);
+}
+
+// The inputs x, split into three BF16 parts whose sum is x exactly: hi = bf16(x), mid =
+// bf16(x - hi), lo = x - hi - mid (each difference is exact in float32, and lo has at most 8
+// significant bits). The MXFP4 weights times their scales are exact in BF16 too, so every product
+// w * part on the MMA tiles is exact and the three sum to w * x: the tiles' only roundings are
+// their float32 accumulations, as in a float32 dot product.
+//
+// Layout (32-bit words): MXFP4 block b of the flat input (inputs 32 b .. 32 b + 31) at
+// split + 48 b; part q (0 hi, 1 mid, 2 lo) at + 16 q; lane t's 8 inputs at + 4 t as the BF16
+// pairs (8t, 8t+4), (8t+1, 8t+5), (8t+2, 8t+6), (8t+3, 8t+7) -- the order of the weight pairs
+// mxfp4_word_to_bf16 decodes from word t of a block, so one 16-byte load is a lane's B fragments
+// for both k steps of the block.
+__global__ void __launch_bounds__(256)
+    moe_split_inputs(const float* x, int64_t blocks, uint32_t* split) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= blocks * 4) return;
+  const int64_t b = i / 4;
+  const int t = int(i % 4);
+  const float4 f0 = *reinterpret_cast<const float4*>(x + 32 * b + 8 * t);
+  const float4 f1 = *reinterpret_cast<const float4*>(x + 32 * b + 8 * t + 4);
+  const float v[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+  uint32_t part[3][8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const uint32_t hi = f32_to_bf16_bits(v[e]);
+    const float r1 = v[e] - bf16_bits_to_f32(hi);
+    const uint32_t mid = f32_to_bf16_bits(r1);
+    const float r2 = r1 - bf16_bits_to_f32(mid);
+    part[0][e] = hi, part[1][e] = mid, part[2][e] = f32_to_bf16_bits(r2);
+  }
+#pragma unroll
+  for (int q = 0; q < 3; ++q)
+    *reinterpret_cast<uint4*>(split + kSplitWordsPerBlock * b + 16 * q + 4 * t) =
+        uint4{part[q][0] | part[q][4] << 16, part[q][1] | part[q][5] << 16,
+              part[q][2] | part[q][6] << 16, part[q][3] | part[q][7] << 16};
+}
+
+// Word t of an MXFP4 block (codes 8t .. 8t+7; byte j: code 8t+2j in the low nibble, 8t+2j+1 in
+// the high) times the block's E8M0 scale 2^(s - 127), as four BF16 pairs r[j] = (8t+j, 8t+j+4).
+// A code's bits s e1 e0 m placed at BF16 bits 15, 8..7 and 6 read as the code's value times
+// 2^-126 (code 1, 0.5, becomes the subnormal 2^-127), so one BF16 multiply by 2^126 2^(s-127) =
+// 2^(s-1) gives value * scale, exactly: the products have at most two significant bits and
+// BF16 has float32's exponent range (scales below 2^-125 give exact subnormals; 2^(s-1) above
+// BF16's largest power of two, s > 128, takes two multiplies; the E8M0 NaN, s = 255, gives NaN).
+__device__ __forceinline__ void mxfp4_word_to_bf16(uint32_t w, uint32_t s, uint32_t (&r)[4]) {
+  r[0] = ((w & 0x00070007u) << 6) | ((w & 0x00080008u) << 12);
+  r[1] = ((w & 0x00700070u) << 2) | ((w & 0x00800080u) << 8);
+  r[2] = ((w >> 2) & 0x01c001c0u) | ((w << 4) & 0x80008000u);
+  r[3] = ((w >> 6) & 0x01c001c0u) | (w & 0x80008000u);
+  // 2^(s-1), or 2^127 and then 2^(s-128) (the second multiply predicated, not branched).
+  const uint32_t m1 = s <= 128u ? (s + 126u) << 7 : 254u << 7;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) r[j] = bf16x2_mul(r[j], m1 | m1 << 16);
+  if (s > 128u) {
+    const uint32_t m2 = s == 255u ? 0x7fc0u : (s - 1u) << 7;  // 2^(s-128), or NaN
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r[j] = bf16x2_mul(r[j], m2 | m2 << 16);
+  }
+}
 
 // Routing workspace (int32), for `experts` experts (bucket `experts` gathers invalid indices):
 //   [0, experts + 2)              bucket_start: bucket b's first sorted position; last: pairs
@@ -216,8 +176,9 @@ __device__ __forceinline__ RoutingView<I> routing_view(I* routing, int experts) 
 // order); (2) bucket starts and each warp's first position in each bucket by fixed scans; (3) each
 // warp walks its segment a warp of pairs at a time and places pair i at its warp's cursor plus
 // the number of lower lanes with the same bucket (found by exchanging buckets with every lane).
-__global__ void __launch_bounds__(kRouteThreads)
-    moe_route_pairs_by_expert(const int32_t* idx, int pairs, int experts, int32_t* routing) {
+// Tiles hold up to tile_pairs pairs of one bucket.
+__global__ void __launch_bounds__(kRouteThreads) moe_route_pairs_by_expert(
+    const int32_t* idx, int pairs, int experts, int tile_pairs, int32_t* routing) {
   constexpr int kMaxWarps = kRouteThreads / kWarpSize;
   __shared__ int32_t cursor[kMaxWarps][kMaxRoutedExperts + 1];
   __shared__ int32_t total[kMaxRoutedExperts + 1];
@@ -256,7 +217,7 @@ __global__ void __launch_bounds__(kRouteThreads)
       rv.bucket_start[b] = start;
       rv.tile_start[b] = tiles;
       start += total[b];
-      tiles += (total[b] + kPairsPerTile - 1) / kPairsPerTile;
+      tiles += (total[b] + tile_pairs - 1) / tile_pairs;
     }
     rv.bucket_start[buckets] = start;
     rv.tile_start[buckets] = tiles;
@@ -284,149 +245,209 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
-// grid (ceil(out / (warps per block * kRowsPerWarp)), min(pair tiles bound, 65535)); a block walks
-// the pair tiles blockIdx.y, + gridDim.y, ... (the count is read from the routing workspace). A
-// tile is up to kPairsPerTile pairs of one bucket; the bucket of tile t is the last b with
-// tile_start[b] <= t.
-template <bool kSwiGLU>
-__global__ void __launch_bounds__(kThreads)
-    f32_mxfp4w_moe_gemv_grouped(const MoeArgs a, const int32_t* routing) {
-  extern __shared__ float xs[];  // kPairsPerTile x padded(in) floats: the tile's inputs
-  __shared__ float lut[16];
-  if (threadIdx.x < 16) lut[threadIdx.x] = fp4_e2m1_value(int(threadIdx.x));
+// Expert linear on MMA tiles. grid (ceil(out / (16 MT rows)), min(tiles bound, 65535)); a block
+// walks the pair tiles blockIdx.y, + gridDim.y, ... A tile is up to 8 NT pairs of one expert: with
+// `routing`, consecutive pairs of one bucket of the sorted order (the bucket of tile t is the last
+// b with tile_start[b] <= t); without, pair t alone (pair mode). The block's four groups take the
+// same 16 MT rows and pairs and a quarter of the input each (chunks [w C / 4, (w + 1) C / 4) of
+// the C chunks of two blocks), so that a step of few pairs still has many short chains of
+// dependent MMA steps in flight; their partial sums meet in shared memory as (p0 + p1) + (p2 + p3).
+//
+// Lane 4 g + t of a group holds rows g and g + 8 of each of its MT 16-row tiles, and for each MXFP4
+// block loads word t of both rows' blocks (codes 8t .. 8t+7) and the rows' scales, kPrefetch
+// chunks of two blocks ahead; the decoded pairs are its A fragments for the block's two k steps
+// (k step 0: codes 8t+{0,4} and 8t+{1,5}, step 1: 8t+{2,6} and 8t+{3,7}); its B fragments are
+// the matching split inputs of column g of each 8-pair tile (one 16-byte load per part). Per
+// block and tile: lo, then mid, then hi, each over both k steps, so the small parts meet the
+// accumulator before the large ones. Every output element sees the same sequence of MMA steps
+// whatever MT, NT and the tile's other pairs are: a row's result does not depend on the batch.
+template <bool kSwiGLU, int MT, int NT>
+__global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
+    f32_mxfp4w_moe_mma(const MoeArgs a, int pairs, const int32_t* routing, const uint4* split) {
+  constexpr int kRows = 16 * MT, kCols = 8 * NT;
+  const int lane = int(threadIdx.x) % kMmaLanes, group = int(threadIdx.x) / kMmaLanes;
+  const int g = lane / 4, t = lane % 4;
+  const int j0 = int(blockIdx.x) * kRows;  // the block's first row
+  const int groups = a.in / 32, chunks = (groups + 1) / 2;
+  const int c_begin = group * chunks / kMmaGroups, c_end = (group + 1) * chunks / kMmaGroups;
+  __shared__ float partial[kMmaGroups][MT][NT][4][kMmaLanes];
+  const int out = a.out, k = a.k, x_row_stride = a.x_row_stride, x_slot_stride = a.x_slot_stride;
+  const uint32_t* const blocks32 = reinterpret_cast<const uint32_t*>(a.blocks);
+  const uint8_t* const scales = a.scales;
   const RoutingView<const int32_t> rv = routing_view(routing, a.experts);
-  const int tiles = rv.tile_start[a.experts + 1];
-  const int lane = int(threadIdx.x) % kWarpSize;
-  const int warp = int(blockIdx.x) * (int(blockDim.x) / kWarpSize) + int(threadIdx.x) / kWarpSize;
-  const int j0 = warp * kRowsPerWarp;  // first output row of this warp
-  const int nrows = min(kRowsPerWarp, a.out - j0);
-  const int groups = a.in / 32;
-  const int x_stride = padded(a.in);
+  const int tiles = routing != nullptr ? rv.tile_start[a.experts + 1] : pairs;
   for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
-    int lo = 0, hi = a.experts;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (rv.tile_start[mid] <= tile)
-        lo = mid;
-      else
-        hi = mid - 1;
+    int bucket, first, np;
+    if (routing != nullptr) {
+      int lo = 0, hi = a.experts;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (rv.tile_start[mid] <= tile)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      bucket = lo;
+      first = rv.bucket_start[bucket] + (tile - rv.tile_start[bucket]) * kCols;
+      np = min(kCols, rv.bucket_start[bucket + 1] - first);
+    } else {
+      const int e = a.idx[tile];
+      bucket = e < 0 || e >= a.experts ? a.experts : e;
+      first = tile, np = 1;
     }
-    const int bucket = lo;
-    const int first = rv.bucket_start[bucket] + (tile - rv.tile_start[bucket]) * kPairsPerTile;
-    const int np = min(kPairsPerTile, rv.bucket_start[bucket + 1] - first);
-    int64_t row_slot[kPairsPerTile];
-#pragma unroll
-    for (int p = 0; p < kPairsPerTile; ++p) row_slot[p] = p < np ? rv.sorted[first + p] : 0;
-
-    __syncthreads();  // the previous tile's inputs are no longer read
-    for (int p = 0; p < np; ++p) {
-      const int r = int(row_slot[p] / a.k), slot = int(row_slot[p] % a.k);
-      const float* xr = a.x + int64_t(r) * a.x_row_stride + int64_t(slot) * a.x_slot_stride;
-      float* xp = xs + p * x_stride;
-      for (int i = int(threadIdx.x); i < a.in / 4; i += int(blockDim.x))
-        *reinterpret_cast<float4*>(xp + padded(4 * i)) =
-            *reinterpret_cast<const float4*>(xr + 4 * i);
-    }
-    __syncthreads();
-    if (j0 >= a.out) continue;  // whole warps skip together; they still meet the barriers
-    if (bucket == a.experts) {  // invalid expert indices
-      if (lane == 0)
-        for (int p = 0; p < np; ++p)
-          for (int t = 0; t < nrows; t += kSwiGLU ? 2 : 1)
-            write_invalid(a, row_slot[p], j0 + t, (j0 + t) / 2, kSwiGLU);
+    const auto pair_at = [&](int n) { return routing != nullptr ? rv.sorted[first + n] : first + n; };
+    if (bucket == a.experts) {  // invalid expert indices: NaN for every output of the tile
+      for (int i = lane; i < np * kRows; i += kMmaLanes) {
+        const int n = i / kRows, j = j0 + i % kRows;
+        if (j < a.out && (!kSwiGLU || j % 2 == 0))
+          write_invalid(a, pair_at(n), j, j / 2, kSwiGLU);
+      }
       continue;
     }
     const int e = bucket;
-    const int64_t row0 = int64_t(e) * a.out + j0;
-    const uint4* q0 = reinterpret_cast<const uint4*>(a.blocks + row0 * groups * 16);
-    const uint8_t* sc0 = a.scales + row0 * groups;
-    float acc[kRowsPerWarp][kPairsPerTile];
+
+    // A row past `out` reads row out - 1 and a column past the tile's pairs reads its first pair:
+    // their results are never written, and a row's and a column's results depend on nothing
+    // else. The loads walk pointers forward a chunk at a time (no per-load address arithmetic).
+    // B: column 8 j + g's split inputs (uint4 units: 12 per block), lane t's 16 bytes.
+    const uint4* bp[NT];
 #pragma unroll
-    for (int t = 0; t < kRowsPerWarp; ++t)
+    for (int j = 0; j < NT; ++j) {
+      const int n = 8 * j + g < np ? 8 * j + g : 0;
+      const int p = pair_at(n), r = p / k, slot = p % k;
+      const int64_t v = int64_t(r) * x_row_stride + int64_t(slot) * x_slot_stride;
+      bp[j] = split + (v / 32 + 2 * c_begin) * 12 + t;
+    }
+    // A: word t of each block of rows j0 + 16 m + 8 h + g, and their scales.
+    const uint32_t* ap[MT][2];
+    const uint8_t* sp[MT][2];
 #pragma unroll
-      for (int p = 0; p < kPairsPerTile; ++p) acc[t][p] = 0.0f;
-    for (int g0 = lane; g0 < groups; g0 += kInFlight * kWarpSize) {
-      uint4 q[kInFlight][kRowsPerWarp];
-      uint32_t sb[kInFlight][kRowsPerWarp];
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int g = g0 + u * kWarpSize;
-#pragma unroll
-        for (int t = 0; t < kRowsPerWarp; ++t) {
-          const bool live = g < groups && t < nrows;
-          q[u][t] = live ? q0[int64_t(t) * groups + g] : uint4{0, 0, 0, 0};
-          sb[u][t] = live ? sc0[int64_t(t) * groups + g] : 127u;
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = int64_t(e) * out + min(j0 + 16 * m + 8 * h + g, out - 1);
+        ap[m][h] = blocks32 + (row * groups + 2 * c_begin) * 4 + t;
+        sp[m][h] = scales + row * groups + 2 * c_begin;
       }
+    // Scales of a chunk's two blocks: one 16-bit load when every row's chunk starts even.
+    const bool scale_pairs = groups % 2 == 0 && reinterpret_cast<uintptr_t>(scales) % 2 == 0;
+    uint32_t wq[kPrefetch<NT>][MT][2][2], sq[kPrefetch<NT>][MT][2];
+    int next = c_begin;  // the chunk the next load() reads
+    const auto load = [&](uint32_t (&w)[MT][2][2], uint32_t (&s)[MT][2]) {
+      const bool live = next < c_end, live1 = live && 2 * next + 1 < groups;
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int g = g0 + u * kWarpSize;
-        if (g >= groups) continue;  // (a break is not unrolled by every compiler)
-        // The block dot of mxfp4_block_dot, one 32-bit word (8 elements) at a time: each row's
-        // 8 codes are decoded once and serve every pair; s[t][p] runs the same fmaf chain.
-        float s[kRowsPerWarp][kPairsPerTile];
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int t = 0; t < kRowsPerWarp; ++t)
+        for (int h = 0; h < 2; ++h) {
+          if (live) {
+            w[m][h][0] = ap[m][h][0];
+            w[m][h][1] = live1 ? ap[m][h][4] : 0u;
+            s[m][h] = scale_pairs ? *reinterpret_cast<const uint16_t*>(sp[m][h])
+                                  : sp[m][h][0] | (live1 ? uint32_t(sp[m][h][1]) << 8 : 0u);
+          }
+          ap[m][h] += 8;
+          sp[m][h] += 2;
+        }
+      ++next;
+    };
 #pragma unroll
-          for (int p = 0; p < kPairsPerTile; ++p) s[t][p] = 0.0f;
+    for (int u = 0; u < kPrefetch<NT>; ++u) load(wq[u], sq[u]);
+
+    float acc[MT][NT][4];
 #pragma unroll
-        for (int wi = 0; wi < 4; ++wi) {
-          float wv[kRowsPerWarp][8];
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-          for (int t = 0; t < kRowsPerWarp; ++t) {
-            const uint32_t word = wi == 0   ? q[u][t].x
-                                  : wi == 1 ? q[u][t].y
-                                  : wi == 2 ? q[u][t].z
-                                            : q[u][t].w;
+      for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int bi = 0; bi < 4; ++bi) {
-              const uint32_t byte = (word >> (8 * bi)) & 0xffu;
-              wv[t][2 * bi] = lut[byte & 0xfu];
-              wv[t][2 * bi + 1] = lut[byte >> 4];
+        for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.0f;
+
+    for (int c0 = c_begin; c0 < c_end; c0 += kPrefetch<NT>) {
+      static_for<kPrefetch<NT>>([&](auto u_) {
+        constexpr int u = decltype(u_)::value;
+        const int c = c0 + u;
+        if (c >= c_end) return;
+        uint32_t w[MT][2][2], s[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            s[m][h] = sq[u][m][h];
+#pragma unroll
+            for (int b = 0; b < 2; ++b) w[m][h][b] = wq[u][m][h][b];
+          }
+        load(wq[u], sq[u]);
+        static_for<2>([&](auto b_) {
+          constexpr int b = decltype(b_)::value;
+          if (2 * c + b >= groups) return;  // group-uniform
+          uint4 bf[3][NT];
+#pragma unroll
+          for (int q = 0; q < 3; ++q)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) bf[q][j] = bp[j][12 * b + 4 * q];
+          uint32_t ar[MT][2][4];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              mxfp4_word_to_bf16(w[m][h][b], (s[m][h] >> (8 * b)) & 0xffu, ar[m][h]);
+#pragma unroll
+          for (int q = 2; q >= 0; --q)
+#pragma unroll
+            for (int step = 0; step < 2; ++step)
+#pragma unroll
+              for (int m = 0; m < MT; ++m) {
+                const uint32_t af[4] = {ar[m][0][2 * step], ar[m][1][2 * step],
+                                        ar[m][0][2 * step + 1], ar[m][1][2 * step + 1]};
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                  const uint32_t bfr[2] = {step == 0 ? bf[q][j].x : bf[q][j].z,
+                                           step == 0 ? bf[q][j].y : bf[q][j].w};
+                  mma_bf16_16x8x16(acc[m][j], af, bfr);
+                }
+              }
+        });
+#pragma unroll
+        for (int j = 0; j < NT; ++j) bp[j] += 24;
+      });
+    }
+
+    // The quarters' partial sums, then group 0 writes the tile.
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[group][m][j][i][lane] = acc[m][j][i];
+    __syncthreads();
+    if (group == 0) {
+      // Lane holds rows j0 + 16 m + {g, g + 8}, columns 8 j + 2 t + {0, 1}.
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = j0 + 16 * m + 8 * h + g;
+            const float bias = row < a.out ? a.bias[int64_t(e) * a.out + row] : 0.0f;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int n = 8 * j + 2 * t + c, i = 2 * h + c;
+              const float sum = (partial[0][m][j][i][lane] + partial[1][m][j][i][lane]) +
+                                (partial[2][m][j][i][lane] + partial[3][m][j][i][lane]);
+              const float v = sum + bias;
+              const bool live = row < a.out && n < np;
+              const int64_t p = live ? pair_at(n) : 0;
+              if (live) a.y[p * a.out + row] = v;
+              if constexpr (kSwiGLU) {
+                // Gate 2i and linear 2i + 1 sit in lanes g and g + 1 (lane + 4).
+                const float lin = __shfl_xor(v, 4);
+                if (live && g % 2 == 0 && a.act != nullptr)
+                  a.act[p * (a.out / 2) + row / 2] = swiglu_oai(v, lin, a.alpha, a.limit);
+              }
             }
           }
-#pragma unroll
-          for (int p = 0; p < kPairsPerTile; ++p) {
-            if (p >= np) continue;  // warp-uniform
-            const float* xb = xs + p * x_stride + padded(32 * g) + 8 * wi;
-            const float4 f0 = *reinterpret_cast<const float4*>(xb);
-            const float4 f1 = *reinterpret_cast<const float4*>(xb + 4);
-            const float xv[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-#pragma unroll
-            for (int t = 0; t < kRowsPerWarp; ++t)
-#pragma unroll
-              for (int i = 0; i < 8; ++i) s[t][p] = fmaf(wv[t][i], xv[i], s[t][p]);
-          }
-        }
-#pragma unroll
-        for (int t = 0; t < kRowsPerWarp; ++t) {
-          const float scale = e8m0_to_f32(sb[u][t]);
-#pragma unroll
-          for (int p = 0; p < kPairsPerTile; ++p) acc[t][p] = fmaf(s[t][p], scale, acc[t][p]);
-        }
-      }
     }
-#pragma unroll
-    for (int p = 0; p < kPairsPerTile; ++p) {
-      if (p >= np) continue;  // warp-uniform
-#pragma unroll
-      for (int t = 0; t < kRowsPerWarp; ++t) acc[t][p] = warp_sum(acc[t][p]);
-    }
-    if (lane != 0) continue;
-#pragma unroll
-    for (int p = 0; p < kPairsPerTile; ++p) {
-      if (p >= np) continue;
-      if constexpr (kSwiGLU) {
-#pragma unroll
-        for (int t = 0; t < kRowsPerWarp; t += 2)
-          if (t < nrows)
-            write_outputs(a, e, row_slot[p], j0 + t, (j0 + t) / 2, true, acc[t][p], acc[t + 1][p]);
-      } else {
-#pragma unroll
-        for (int t = 0; t < kRowsPerWarp; ++t)
-          if (t < nrows) write_outputs(a, e, row_slot[p], j0 + t, j0 + t, false, acc[t][p], 0.0f);
-      }
-    }
+    __syncthreads();  // the partial sums are read before the next tile writes them
   }
 }
 
@@ -459,42 +480,49 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// The checks every launcher of the expert GEMV makes, and its arguments.
+// The checks every launcher of the expert linear makes, and its arguments.
 MoeArgs moe_args(const ExpertWeights& w, const int32_t* idx, int batch, int k, const float* x,
                  int x_row_stride, int x_slot_stride, float* y, float* act, float alpha,
                  float limit) {
   PARITY_DEVICE_REQUIRE(idx != nullptr && x != nullptr && y != nullptr && w.bias != nullptr,
-                        "launch_f32_moe_gemv: null idx, x, y or bias");
-  PARITY_DEVICE_REQUIRE(batch > 0 && k > 0, "launch_f32_moe_gemv: batch ", batch, " and k ", k,
+                        "launch_f32_moe_linear: null idx, x, y or bias");
+  PARITY_DEVICE_REQUIRE(batch > 0 && k > 0, "launch_f32_moe_linear: batch ", batch, " and k ", k,
                         " must be positive");
-  PARITY_DEVICE_REQUIRE(w.experts > 0 && w.out > 0 && w.in > 0, "launch_f32_moe_gemv: experts ",
-                        w.experts, ", out ", w.out, ", in ", w.in, " must be positive");
-  PARITY_DEVICE_REQUIRE(x_row_stride >= 0 && x_slot_stride >= 0, "launch_f32_moe_gemv: strides");
+  PARITY_DEVICE_REQUIRE(w.experts > 0 && w.out > 0 && w.in > 0,
+                        "launch_f32_moe_linear: experts ", w.experts, ", out ", w.out, ", in ",
+                        w.in, " must be positive");
+  PARITY_DEVICE_REQUIRE(x_row_stride >= 0 && x_slot_stride >= 0,
+                        "launch_f32_moe_linear: strides");
   PARITY_DEVICE_REQUIRE(act == nullptr || w.out % 2 == 0,
-                        "launch_f32_moe_gemv: the fused SwiGLU needs an "
+                        "launch_f32_moe_linear: the fused SwiGLU needs an "
                         "even output (interleaved gate/linear), got ",
                         w.out);
   return MoeArgs{w.blocks, w.scales, w.dense,      w.bias,        w.experts, w.out, w.in,  idx,
                  k,        x,        x_row_stride, x_slot_stride, y,         act,   alpha, limit};
 }
 
+// Floats of x the step reads: the last pair's vector ends there.
+int64_t moe_x_floats(int batch, int k, int x_row_stride, int x_slot_stride, int in) {
+  return int64_t(batch - 1) * x_row_stride + int64_t(k - 1) * x_slot_stride + in;
+}
+
 void require_mxfp4(const ExpertWeights& w, const float* x, int x_row_stride, int x_slot_stride) {
   PARITY_DEVICE_REQUIRE(w.blocks != nullptr && w.scales != nullptr,
-                        "launch_f32_moe_gemv: null MXFP4 blocks or scales");
-  PARITY_DEVICE_REQUIRE(w.in % 32 == 0, "launch_f32_moe_gemv: MXFP4 input ", w.in,
-                        " is not a multiple of 32");
-  PARITY_DEVICE_REQUIRE(
-      aligned16(w.blocks) && aligned16(x) && x_row_stride % 4 == 0 && x_slot_stride % 4 == 0,
-      "launch_f32_moe_gemv: MXFP4 blocks and x rows must be 16-byte aligned");
+                        "launch_f32_moe_linear: null MXFP4 blocks or scales");
+  PARITY_DEVICE_REQUIRE(w.in % 32 == 0 && x_row_stride % 32 == 0 && x_slot_stride % 32 == 0,
+                        "launch_f32_moe_linear: MXFP4 input ", w.in, " and x strides ",
+                        x_row_stride, ", ", x_slot_stride, " must be multiples of 32");
+  PARITY_DEVICE_REQUIRE(aligned16(w.blocks) && aligned16(x),
+                        "launch_f32_moe_linear: MXFP4 blocks and x must be 16-byte aligned");
 }
 
-constexpr size_t kMaxStaticShared = 48 * 1024;
-
-size_t per_pair_shared(int in) {
-  return size_t(padded(in)) * sizeof(float);
-}
-size_t grouped_shared(int in) {
-  return size_t(kPairsPerTile) * size_t(padded(in)) * sizeof(float);
+template <bool kSwiGLU, int MT, int NT>
+void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4* split,
+                int64_t tiles_bound, hipStream_t stream) {
+  const dim3 grid(unsigned(ceil_div(a.out, 16 * MT)),
+                  unsigned(std::min<int64_t>(tiles_bound, 65535)));
+  f32_mxfp4w_moe_mma<kSwiGLU, MT, NT><<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
+  HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
 }
 
 }  // namespace
@@ -502,88 +530,98 @@ size_t grouped_shared(int in) {
 size_t moe_routing_ints(int64_t pairs, int experts) {
   return size_t(pairs) + 2 * (size_t(experts) + 2);
 }
+size_t moe_split_words(int64_t x_floats) {
+  return size_t(x_floats) / 32 * kSplitWordsPerBlock;
+}
 
 namespace detail {
 
-void launch_f32_mxfp4w_moe_gemv_per_pair(const ExpertWeights& w, const int32_t* idx, int batch,
-                                         int k, const float* x, int x_row_stride,
-                                         int x_slot_stride, float* y, float* act, float alpha,
-                                         float limit, hipStream_t stream) {
-  const MoeArgs a =
-      moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit);
-  require_mxfp4(w, x, x_row_stride, x_slot_stride);
-  const int rows_per_block = kThreads / device_warp_size() * kRowsPerWarp;
-  const dim3 grid(unsigned(ceil_div(w.out, rows_per_block)), unsigned(k), unsigned(batch));
-  const size_t shared = per_pair_shared(w.in);
-  PARITY_DEVICE_REQUIRE(shared <= kMaxStaticShared, "launch_f32_moe_gemv: MXFP4 input ", w.in,
-                        " exceeds the kernel's shared-memory row of 48 KiB");
-  if (act != nullptr)
-    f32_mxfp4w_moe_gemv<true><<<grid, kThreads, shared, stream>>>(a);
-  else
-    f32_mxfp4w_moe_gemv<false><<<grid, kThreads, shared, stream>>>(a);
-  HIP_LAUNCH_CHECK("f32_mxfp4w_moe_gemv", stream);
+MoeTiling moe_tiling(int64_t pairs, int experts) {
+  if (pairs <= kPairModeMaxPairs) return {false, 2, 1};
+  // About 32 pairs per expert or more: 32-row by 32-pair tiles; fewer: 32 by 8.
+  if (pairs >= 32 * int64_t(experts)) return {true, 2, 4};
+  return {true, 2, 1};
 }
 
-void launch_f32_mxfp4w_moe_gemv_grouped(const ExpertWeights& w, const int32_t* idx, int batch,
-                                        int k, const float* x, int x_row_stride,
-                                        int x_slot_stride, float* y, float* act, float alpha,
-                                        float limit, std::span<int32_t> routing,
-                                        hipStream_t stream) {
+void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int batch, int k,
+                               const float* x, int x_row_stride, int x_slot_stride, float* y,
+                               float* act, float alpha, float limit, const MoeWorkspace& ws,
+                               MoeTiling tiling, hipStream_t stream) {
   const MoeArgs a =
       moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit);
   require_mxfp4(w, x, x_row_stride, x_slot_stride);
   const int64_t pairs = int64_t(batch) * k;
-  PARITY_DEVICE_REQUIRE(pairs <= int64_t(1) << 30, "launch_f32_moe_gemv: ", pairs,
-                        " (row, slot) pairs exceed the grouped kernel's int32 pair index");
-  PARITY_DEVICE_REQUIRE(w.experts <= kMaxRoutedExperts, "launch_f32_moe_gemv: ", w.experts,
-                        " experts exceed the routing kernel's ", kMaxRoutedExperts);
-  PARITY_DEVICE_REQUIRE(routing.data() != nullptr &&
-                            routing.size() >= moe_routing_ints(pairs, w.experts),
-                        "launch_f32_moe_gemv: the routing workspace holds ", routing.size(),
-                        " int32, the step needs ", moe_routing_ints(pairs, w.experts),
-                        " (moe_routing_ints)");
-  const size_t shared = grouped_shared(w.in);
-  PARITY_DEVICE_REQUIRE(shared <= kMaxStaticShared, "launch_f32_moe_gemv: MXFP4 input ", w.in,
-                        " exceeds the grouped kernel's shared memory (", kPairsPerTile,
-                        " rows in 48 KiB)");
-  moe_route_pairs_by_expert<<<1, kRouteThreads, 0, stream>>>(idx, int(pairs), w.experts,
-                                                             routing.data());
-  HIP_LAUNCH_CHECK("moe_route_pairs_by_expert", stream);
-  // Pair tiles: at most one per pair, and at most ceil(n_b / P) per bucket (experts + 1 of them).
-  const int64_t max_tiles =
-      std::min(pairs, (pairs + int64_t(w.experts + 1) * (kPairsPerTile - 1)) / kPairsPerTile);
-  const int rows_per_block = kThreads / device_warp_size() * kRowsPerWarp;
-  const dim3 grid(unsigned(ceil_div(w.out, rows_per_block)),
-                  unsigned(std::min<int64_t>(max_tiles, 65535)));
-  if (act != nullptr)
-    f32_mxfp4w_moe_gemv_grouped<true><<<grid, kThreads, shared, stream>>>(a, routing.data());
-  else
-    f32_mxfp4w_moe_gemv_grouped<false><<<grid, kThreads, shared, stream>>>(a, routing.data());
-  HIP_LAUNCH_CHECK("f32_mxfp4w_moe_gemv_grouped", stream);
+  PARITY_DEVICE_REQUIRE(pairs <= int64_t(1) << 30, "launch_f32_moe_linear: ", pairs,
+                        " (row, slot) pairs exceed the kernel's int32 pair index");
+  const int mt = tiling.m_tiles, nt = tiling.n_tiles;
+  PARITY_DEVICE_REQUIRE((mt == 2 && nt == 1) || (mt == 2 && nt == 4),
+                        "launch_f32_moe_linear: tiles of ", mt, " x 16 rows by ", nt,
+                        " x 8 pairs are not built (2 x 1 and 2 x 4 are)");
+  PARITY_DEVICE_REQUIRE(tiling.grouped || nt == 1,
+                        "launch_f32_moe_linear: pair mode takes one pair per tile");
+  const int64_t x_floats = moe_x_floats(batch, k, x_row_stride, x_slot_stride, w.in);
+  PARITY_DEVICE_REQUIRE(ws.split.data() != nullptr && ws.split.size() >= moe_split_words(x_floats),
+                        "launch_f32_moe_linear: the split workspace holds ", ws.split.size(),
+                        " words, the step needs ", moe_split_words(x_floats),
+                        " (moe_split_words)");
+  PARITY_DEVICE_REQUIRE(aligned16(ws.split.data()),
+                        "launch_f32_moe_linear: the split workspace must be 16-byte aligned");
+  const int tile_pairs = 8 * nt;
+  int64_t tiles_bound = pairs;
+  const int32_t* routing = nullptr;
+  if (tiling.grouped) {
+    PARITY_DEVICE_REQUIRE(w.experts <= kMaxRoutedExperts, "launch_f32_moe_linear: ", w.experts,
+                          " experts exceed the routing kernel's ", kMaxRoutedExperts);
+    PARITY_DEVICE_REQUIRE(ws.routing.data() != nullptr &&
+                              ws.routing.size() >= moe_routing_ints(pairs, w.experts),
+                          "launch_f32_moe_linear: the routing workspace holds ", ws.routing.size(),
+                          " int32, the step needs ", moe_routing_ints(pairs, w.experts),
+                          " (moe_routing_ints)");
+    moe_route_pairs_by_expert<<<1, kRouteThreads, 0, stream>>>(idx, int(pairs), w.experts,
+                                                               tile_pairs, ws.routing.data());
+    HIP_LAUNCH_CHECK("moe_route_pairs_by_expert", stream);
+    routing = ws.routing.data();
+    // At most one tile per pair, and at most ceil(n_b / P) per bucket (experts + 1 of them).
+    tiles_bound =
+        std::min(pairs, (pairs + int64_t(w.experts + 1) * (tile_pairs - 1)) / tile_pairs);
+  }
+  const int64_t split_blocks = x_floats / 32;
+  moe_split_inputs<<<unsigned(ceil_div(split_blocks * 4, 256)), 256, 0, stream>>>(
+      x, split_blocks, ws.split.data());
+  HIP_LAUNCH_CHECK("moe_split_inputs", stream);
+  const uint4* split = reinterpret_cast<const uint4*>(ws.split.data());
+  const int np = int(pairs);
+  if (nt == 1) {
+    if (act != nullptr)
+      launch_mma<true, 2, 1>(a, np, routing, split, tiles_bound, stream);
+    else
+      launch_mma<false, 2, 1>(a, np, routing, split, tiles_bound, stream);
+  } else {
+    if (act != nullptr)
+      launch_mma<true, 2, 4>(a, np, routing, split, tiles_bound, stream);
+    else
+      launch_mma<false, 2, 4>(a, np, routing, split, tiles_bound, stream);
+  }
 }
 
 }  // namespace detail
 
-void launch_f32_moe_gemv(const ExpertWeights& w, const int32_t* idx, int batch, int k,
-                         const float* x, int x_row_stride, int x_slot_stride, float* y, float* act,
-                         float alpha, float limit, std::span<int32_t> routing,
-                         hipStream_t stream) {
+void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch, int k,
+                           const float* x, int x_row_stride, int x_slot_stride, float* y,
+                           float* act, float alpha, float limit, const MoeWorkspace& ws,
+                           hipStream_t stream) {
   const MoeArgs a =
       moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit);
   const bool swiglu = act != nullptr;
   if (w.mxfp4) {
-    require_mxfp4(w, x, x_row_stride, x_slot_stride);
-    const bool grouped = int64_t(batch) * k > kPerPairMaxPairs &&
-                         w.experts <= kMaxRoutedExperts && grouped_shared(w.in) <= kMaxStaticShared;
-    if (grouped)
-      detail::launch_f32_mxfp4w_moe_gemv_grouped(w, idx, batch, k, x, x_row_stride, x_slot_stride,
-                                                 y, act, alpha, limit, routing, stream);
-    else
-      detail::launch_f32_mxfp4w_moe_gemv_per_pair(w, idx, batch, k, x, x_row_stride,
-                                                  x_slot_stride, y, act, alpha, limit, stream);
+    const bool routable = w.experts <= kMaxRoutedExperts;
+    detail::MoeTiling tiling = detail::moe_tiling(int64_t(batch) * k, w.experts);
+    if (!routable) tiling = {false, 2, 1};
+    detail::launch_f32_mxfp4w_moe_mma(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act,
+                                      alpha, limit, ws, tiling, stream);
     return;
   }
-  PARITY_DEVICE_REQUIRE(w.dense != nullptr, "launch_f32_moe_gemv: null dense expert weights");
+  PARITY_DEVICE_REQUIRE(w.dense != nullptr, "launch_f32_moe_linear: null dense expert weights");
   const int units = swiglu ? w.out / 2 : w.out;
   const dim3 grid(unsigned(ceil_div(units, kThreads)), unsigned(k), unsigned(batch));
   dispatch_weight_type(w.dense_type, [&]<typename W>() {

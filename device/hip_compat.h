@@ -41,6 +41,46 @@ inline hipError_t device_name_and_arch(int device, std::string& name, std::strin
   arch = prop.gcnArchName;
   return hipSuccess;
 }
+
+#if defined(__HIP_DEVICE_COMPILE__) || defined(__HIPCC__)
+// The tile product of the MXFP4 expert kernels in NVIDIA's mma.m16n8k16 fragment layout (see the
+// NVIDIA branch for the layout), on a group of 32 lanes of the wavefront: each lane gathers its
+// rows of A and columns of B from the group by shuffles and accumulates in float32 with fmaf, k in
+// order. A correct, slow equivalent; mapping the tile onto MFMA (v_mfma_f32_16x16x16bf16_1k,
+// whose fragments lay out differently) is what would make it fast.
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4],
+                                                 const uint32_t (&b)[2]) {
+  const int lane = int(__lane_id()) % 32, g = lane / 4, t = lane % 4;
+  float acc[4] = {d[0], d[1], d[2], d[3]};
+  for (int half = 0; half < 2; ++half)  // k in [8 half, 8 half + 8)
+    for (int tt = 0; tt < 4; ++tt) {
+      // k = 8 half + 2 tt, + 1: A rows g, g + 8 from lane 4 g + tt; B columns 2t, 2t + 1 from
+      // lanes 4 (2t) + tt and 4 (2t + 1) + tt.
+      const uint32_t a_g = __shfl(a[2 * half], 4 * g + tt, 32);
+      const uint32_t a_g8 = __shfl(a[2 * half + 1], 4 * g + tt, 32);
+      const uint32_t b_0 = __shfl(b[half], 4 * (2 * t) + tt, 32);
+      const uint32_t b_1 = __shfl(b[half], 4 * (2 * t + 1) + tt, 32);
+      acc[0] = fmaf(bf16_lo(a_g), bf16_lo(b_0), acc[0]);
+      acc[0] = fmaf(bf16_hi(a_g), bf16_hi(b_0), acc[0]);
+      acc[1] = fmaf(bf16_lo(a_g), bf16_lo(b_1), acc[1]);
+      acc[1] = fmaf(bf16_hi(a_g), bf16_hi(b_1), acc[1]);
+      acc[2] = fmaf(bf16_lo(a_g8), bf16_lo(b_0), acc[2]);
+      acc[2] = fmaf(bf16_hi(a_g8), bf16_hi(b_0), acc[2]);
+      acc[3] = fmaf(bf16_lo(a_g8), bf16_lo(b_1), acc[3]);
+      acc[3] = fmaf(bf16_hi(a_g8), bf16_hi(b_1), acc[3]);
+    }
+  for (int i = 0; i < 4; ++i) d[i] = acc[i];
+}
+// Two BF16 products at once: exact in float32 here (the callers multiply by powers of two), so
+// keeping the upper half is the rounded product.
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
+  const uint32_t lo = __float_as_uint(bf16_lo(x) * bf16_lo(y)) >> 16;
+  const uint32_t hi = __float_as_uint(bf16_hi(x) * bf16_hi(y)) & 0xffff0000u;
+  return hi | lo;
+}
+#endif
 }  // namespace parity::device
 
 #else
@@ -140,6 +180,35 @@ __device__ __forceinline__ T hip_compat_shfl_xor(T var, int lane_mask, int width
   return __shfl_xor_sync(0xffffffffu, var, lane_mask, width);
 }
 #define __shfl_xor hip_compat_shfl_xor
+#endif  // __CUDACC__
+
+#if defined(__CUDACC__)
+namespace parity::device {
+// The tile product of the MXFP4 expert kernels (device/experts.hip), in the fragment layout of
+// NVIDIA's mma.m16n8k16 with BF16 inputs and float32 accumulation, for a group of 32 lanes
+// (lane = 4 g + t): d (16 x 8) += a (16 x 16, row-major) * b (16 x 8). Each 32-bit register holds
+// two BF16 values, the lower k in the low half:
+//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][..]
+//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
+//   d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4],
+                                                 const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "mma_bf16_16x8x16 needs sm_80 or newer"
+#endif
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Two BF16 products at once (round to nearest even; subnormals kept): fma with -0 addend.
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(0x80008000u));
+  return r;
+}
+}  // namespace parity::device
 #endif  // __CUDACC__
 
 #endif  // vendor

@@ -104,33 +104,44 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
 void launch_f32_router_topk_softmax(const float* logits, int batch, int n_experts, int k,
                                     bool select, int32_t* idx, float* w, hipStream_t stream);
 
-// expert GEMV for every (row, slot): y[r][s] (out,) = W[e] x + b[e], e = idx[r][s] read from
+// expert linear for every (row, slot): y[r][s] (out,) = W[e] x + b[e], e = idx[r][s] read from
 // device memory. x row of slot s of row r is x + r * x_row_stride + s * x_slot_stride.
 // With `act` (mlp1): also act[r][s][i] = swiglu(y[2i], y[2i + 1]) (see launch_f32_swiglu).
 // y (B, k, out); act (B, k, out / 2). An invalid expert index gives NaN outputs for its pair.
-// MXFP4 steps of many pairs first sort the pairs by expert into `routing` (int32, at least
-// moe_routing_ints(B k, experts); its contents are scratch), so that each expert's weights are
-// read once per tile of pairs instead of once per pair; smaller steps leave `routing` unused.
-// Both paths give the same bits: each output element is the same fmaf sequence.
-void launch_f32_moe_gemv(const ExpertWeights& w, const int32_t* idx, int batch, int k,
-                         const float* x, int x_row_stride, int x_slot_stride, float* y, float* act,
-                         float alpha, float limit, std::span<int32_t> routing, hipStream_t stream);
+// MXFP4 weights run on MMA tiles (BF16 products, float32 accumulation) with x split into three
+// BF16 parts that sum to it exactly (into ws.split, at least moe_split_words(floats of x the
+// step reads)); steps of more than a few pairs first sort the pairs by expert into ws.routing
+// (at least moe_routing_ints(B k, experts)) so that each expert's weights are read once per tile
+// of pairs. Every output is the same sequence of MMA steps whatever the step's size: a row's
+// result does not depend on the batch. Workspace contents are scratch.
+struct MoeWorkspace {
+  std::span<int32_t> routing;
+  std::span<uint32_t> split;
+};
+void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch, int k,
+                           const float* x, int x_row_stride, int x_slot_stride, float* y,
+                           float* act, float alpha, float limit, const MoeWorkspace& ws,
+                           hipStream_t stream);
 // Int32 elements of the routing workspace for `pairs` (row, slot) pairs over `experts` experts:
 // pairs + 2 (experts + 2). (device/runtime/arena_layout.cpp sizes the arena's by this formula.)
 size_t moe_routing_ints(int64_t pairs, int experts);
+// 32-bit words of the split workspace for x_floats inputs (a multiple of 32): 3/2 per input
+// (three BF16 parts). (device/runtime/arena_layout.cpp sizes the arena's by this formula.)
+size_t moe_split_words(int64_t x_floats);
 
 namespace detail {
-// The two MXFP4 paths behind launch_f32_moe_gemv, callable alone so that the kernel tests compare
-// them bit for bit: one thread block per (row, slot) pair, and grouped by expert.
-void launch_f32_mxfp4w_moe_gemv_per_pair(const ExpertWeights& w, const int32_t* idx, int batch,
-                                         int k, const float* x, int x_row_stride,
-                                         int x_slot_stride, float* y, float* act, float alpha,
-                                         float limit, hipStream_t stream);
-void launch_f32_mxfp4w_moe_gemv_grouped(const ExpertWeights& w, const int32_t* idx, int batch,
-                                        int k, const float* x, int x_row_stride,
-                                        int x_slot_stride, float* y, float* act, float alpha,
-                                        float limit, std::span<int32_t> routing,
-                                        hipStream_t stream);
+// The tiling behind launch_f32_moe_linear, callable with any built tiling so that the kernel
+// tests compare them bit for bit: pair mode (one pair per tile, no sort) or grouped by expert,
+// with tiles of 16 m_tiles rows by 8 n_tiles pairs (2 x 1 or 2 x 4).
+struct MoeTiling {
+  bool grouped = true;
+  int m_tiles = 2, n_tiles = 1;
+};
+MoeTiling moe_tiling(int64_t pairs, int experts);  // the one launch_f32_moe_linear takes
+void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int batch, int k,
+                               const float* x, int x_row_stride, int x_slot_stride, float* y,
+                               float* act, float alpha, float limit, const MoeWorkspace& ws,
+                               MoeTiling tiling, hipStream_t stream);
 }  // namespace detail
 
 // swiglu (gpt_oss/torch/model.py swiglu, alpha 1.702, limit 7) on h (n, 2I) interleaved:

@@ -107,15 +107,15 @@ void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
                                        topk_idx, out(s), st);
       break;
     case Stage::mlp1:
-      launch_f32_moe_gemv(L->mlp1, topk_idx, B, k, out(Stage::ffn_norm), H, 0, out(s),
-                          out(Stage::swiglu), alpha, limit, arena.moe_routing(), st);
+      launch_f32_moe_linear(L->mlp1, topk_idx, B, k, out(Stage::ffn_norm), H, 0, out(s),
+                          out(Stage::swiglu), alpha, limit, arena.moe_workspace(), st);
       break;
     case Stage::swiglu:
       if (recompute) launch_f32_swiglu(out(Stage::mlp1), B * k, I, alpha, limit, out(s), st);
       break;
     case Stage::mlp2:
-      launch_f32_moe_gemv(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
-                          alpha, limit, arena.moe_routing(), st);
+      launch_f32_moe_linear(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
+                          alpha, limit, arena.moe_workspace(), st);
       break;
     case Stage::moe_out:
       launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H,

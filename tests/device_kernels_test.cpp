@@ -904,6 +904,30 @@ TEST_F(DeviceKernels, RouterTiesTakeTheLowestIndex) {
 
 // ---------------------------------------------------------------------------- experts ---
 
+// The workspace of launch_f32_moe_linear for a step of `pairs` pairs reading x_floats inputs.
+class MoeScratch {
+ public:
+  MoeScratch(int64_t pairs, int experts, int64_t x_floats)
+      : routing_ints_(moe_routing_ints(pairs, experts)),
+        split_words_(moe_split_words(x_floats)),
+        routing_(routing_ints_ * sizeof(int32_t)),
+        split_(std::max<size_t>(1, split_words_) * sizeof(uint32_t)) {}
+  MoeWorkspace ws() const {
+    return {{routing_.as<int32_t>(), routing_ints_}, {split_.as<uint32_t>(), split_words_}};
+  }
+  std::vector<int32_t> routing() const { return download<int32_t>(routing_, routing_ints_); }
+
+ private:
+  size_t routing_ints_, split_words_;
+  DeviceBuffer routing_, split_;
+};
+
+// Chain length of the MMA expert linear's dot of n terms: per MXFP4 block six MMA steps (three
+// parts by two k steps), each adding 16 exact products to the accumulator.
+int mma_dot_chain(int n) {
+  return 6 * (n / 32) + 16;
+}
+
 class MoeCase {
  public:
   MoeCase& experts(int e) {
@@ -930,6 +954,10 @@ class MoeCase {
     swiglu_ = s;
     return *this;
   }  // mlp1 (+ SwiGLU) or mlp2 inputs
+  MoeCase& scales(int lo, int hi) {
+    scale_lo_ = lo, scale_hi_ = hi;
+    return *this;
+  }
   MoeCase& dense(WeightType t) {
     dense_ = true, dense_type_ = t;
     return *this;
@@ -943,7 +971,7 @@ class MoeCase {
     SCOPED_TRACE(describe());
     std::mt19937_64 rng(29 + uint64_t(out_) + uint64_t(in_));
     const int E = experts_, G = in_ / 32;
-    // Weights: MXFP4 blocks with scales 2^-7 .. 2^0, or a dense [E, in, out] tensor.
+    // Weights: MXFP4 blocks with scales 2^(lo - 127) .. 2^(hi - 127), or a dense [E, in, out] tensor.
     std::vector<uint8_t> blocks, scales;
     HostMatrix dense{dense_type_, {}, {}};
     TensorView tb, ts, td;
@@ -952,7 +980,7 @@ class MoeCase {
     w.out = out_;
     w.in = in_;
     if (!dense_) {
-      std::uniform_int_distribution<int> byte(0, 255), sc(120, 127);
+      std::uniform_int_distribution<int> byte(0, 255), sc(scale_lo_, scale_hi_);
       blocks.resize(size_t(E) * out_ * G * 16);
       scales.resize(size_t(E) * out_ * G);
       for (auto& b : blocks) b = uint8_t(byte(rng));
@@ -993,11 +1021,10 @@ class MoeCase {
     dw.out = out_;
     dw.in = in_;
     Output y(size_t(rows_) * k_ * out_), act(size_t(rows_) * k_ * out_ / 2);
-    const size_t routing_ints = moe_routing_ints(int64_t(rows_) * k_, E);
-    DeviceBuffer routing(routing_ints * sizeof(int32_t));
-    launch_f32_moe_gemv(dw, didx.as<int32_t>(), rows_, k_, dx.as<float>(), x_row, x_slot, y.ptr(),
-                        swiglu_ ? act.ptr() : nullptr, 1.702f, 7.0f,
-                        {routing.as<int32_t>(), routing_ints}, nullptr);
+    const MoeScratch scratch(int64_t(rows_) * k_, E, int64_t(rows_) * x_row);
+    launch_f32_moe_linear(dw, didx.as<int32_t>(), rows_, k_, dx.as<float>(), x_row, x_slot,
+                          y.ptr(), swiglu_ ? act.ptr() : nullptr, 1.702f, 7.0f, scratch.ws(),
+                          nullptr);
 
     std::vector<double> want, want_act, atol, act_atol;
     std::vector<double> row(static_cast<size_t>(in_));
@@ -1014,7 +1041,7 @@ class MoeCase {
           read_expert_row(w, e, j, row.data());
           double abs_sum = std::fabs(bias.values[size_t(e) * out_ + j]);
           for (int i = 0; i < in_; ++i) abs_sum += std::fabs(row[size_t(i)] * xd[size_t(i)]);
-          atol.push_back(dot_atol(dense_ ? in_ + 1 : warp_dot_chain(in_) + 32, abs_sum));
+          atol.push_back(dot_atol(dense_ ? in_ + 1 : mma_dot_chain(in_) + 1, abs_sum));
         }
         if (swiglu_) {
           std::vector<double> a(size_t(out_ / 2));
@@ -1034,6 +1061,7 @@ class MoeCase {
 
  private:
   int experts_ = 3, out_ = 128, in_ = 64, k_ = 2, rows_ = 3;
+  int scale_lo_ = 120, scale_hi_ = 127;  // E8M0: 2^-7 .. 2^0
   bool swiglu_ = true, dense_ = false;
   WeightType dense_type_ = WeightType::bf16;
 };
@@ -1070,41 +1098,48 @@ TEST_F(DeviceKernels, MoeInvalidExpertIndexWritesNaNNotGarbage) {
   w.bias = dbias.as<float>();
   w.experts = E, w.out = out, w.in = in;
   Output y(static_cast<size_t>(out)), act(size_t(out / 2));
-  launch_f32_moe_gemv(w, di.as<int32_t>(), 1, 1, dx.as<float>(), in, 0, y.ptr(), act.ptr(), 1.702f,
-                      7.0f, {}, nullptr);
+  const MoeScratch scratch(1, E, in);
+  launch_f32_moe_linear(w, di.as<int32_t>(), 1, 1, dx.as<float>(), in, 0, y.ptr(), act.ptr(),
+                        1.702f, 7.0f, scratch.ws(), nullptr);
   for (float v : y.fetch()) EXPECT_TRUE(std::isnan(v));
   for (float v : act.fetch()) EXPECT_TRUE(std::isnan(v));
 }
 
-// The grouped MXFP4 path (pairs sorted by expert, one weight load per tile of pairs) against the
-// per-pair path: the same bits for every output, including NaN for invalid expert indices, and
-// the routing workspace equal to a host stable counting sort.
+// The MXFP4 expert linear's tilings against each other: pair mode (one pair per tile, pair
+// order), grouped by expert in tiles of 32 rows by 8 pairs and of 32 rows by 32 pairs, and the
+// entry point give the same bits for every output, including NaN for invalid expert indices (a
+// row's result does not depend on the step's other rows); the routing workspace equals a host
+// stable counting sort.
 enum class Routing { random, one_expert, with_invalid };
 
-class MoeGroupedCase {
+class MoeTilingCase {
  public:
-  MoeGroupedCase& experts(int e) {
+  MoeTilingCase& experts(int e) {
     experts_ = e;
     return *this;
   }
-  MoeGroupedCase& out(int o) {
+  MoeTilingCase& out(int o) {
     out_ = o;
     return *this;
   }
-  MoeGroupedCase& in(int i) {
+  MoeTilingCase& in(int i) {
     in_ = i;
     return *this;
   }
-  MoeGroupedCase& k(int k) {
+  MoeTilingCase& k(int k) {
     k_ = k;
     return *this;
   }
-  MoeGroupedCase& swiglu(bool s) {
+  MoeTilingCase& swiglu(bool s) {
     swiglu_ = s;
     return *this;
   }
-  MoeGroupedCase& routing(Routing r) {
+  MoeTilingCase& routing(Routing r) {
     routing_ = r;
+    return *this;
+  }
+  MoeTilingCase& scales(int lo, int hi) {
+    scale_lo_ = lo, scale_hi_ = hi;
     return *this;
   }
   void run(std::initializer_list<int> batches) const {
@@ -1115,7 +1150,7 @@ class MoeGroupedCase {
       const uint64_t r = rng();
       std::memcpy(&blocks[i], &r, 8);  // 16-byte blocks: whole words
     }
-    std::uniform_int_distribution<int> sc(118, 129);
+    std::uniform_int_distribution<int> sc(scale_lo_, scale_hi_);
     for (auto& s : scales) s = uint8_t(sc(rng));
     const std::vector<float> bias = random_floats(rng, size_t(E) * out_, -1, 1);
     DeviceBuffer dblocks = upload(blocks), dscales = upload(scales), dbias = upload(bias);
@@ -1125,7 +1160,7 @@ class MoeGroupedCase {
     w.bias = dbias.as<float>();
     w.experts = E, w.out = out_, w.in = in_;
     for (const int rows : batches) {
-      SCOPED_TRACE(fmt::format("moe grouped {} experts={} out={} in={} k={} rows={} routing={}",
+      SCOPED_TRACE(fmt::format("moe tilings {} experts={} out={} in={} k={} rows={} routing={}",
                                swiglu_ ? "mlp1+swiglu" : "mlp2", E, out_, in_, k_, rows,
                                routing_ == Routing::random       ? "random"
                                : routing_ == Routing::one_expert ? "one expert"
@@ -1147,95 +1182,118 @@ class MoeGroupedCase {
       const int x_row = swiglu_ ? in_ : k_ * in_, x_slot = swiglu_ ? 0 : in_;
       const std::vector<float> x = random_floats(rng, size_t(rows) * x_row, -2, 2);
       DeviceBuffer didx = upload(idx), dx = upload(x);
-      const size_t routing_ints = moe_routing_ints(pairs, E);
-      DeviceBuffer routing(routing_ints * sizeof(int32_t));
-      const std::span<int32_t> rspan{routing.as<int32_t>(), routing_ints};
+      const MoeScratch scratch(pairs, E, int64_t(rows) * x_row);
       const size_t ny = size_t(pairs) * out_, na = swiglu_ ? ny / 2 : 1;
-      Output y_pair(ny), y_group(ny), y_entry(ny), a_pair(na), a_group(na), a_entry(na);
       const auto act = [&](const Output& a) { return swiglu_ ? a.ptr() : nullptr; };
-      detail::launch_f32_mxfp4w_moe_gemv_per_pair(w, didx.as<int32_t>(), rows, k_, dx.as<float>(),
-                                                  x_row, x_slot, y_pair.ptr(), act(a_pair),
-                                                  1.702f, 7.0f, nullptr);
-      detail::launch_f32_mxfp4w_moe_gemv_grouped(w, didx.as<int32_t>(), rows, k_, dx.as<float>(),
-                                                 x_row, x_slot, y_group.ptr(), act(a_group),
-                                                 1.702f, 7.0f, rspan, nullptr);
-      const std::vector<int32_t> got_routing = download<int32_t>(routing, routing_ints);
-      launch_f32_moe_gemv(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
-                          y_entry.ptr(), act(a_entry), 1.702f, 7.0f, rspan, nullptr);
 
       // The routing workspace: a stable counting sort by expert, invalid indices last.
-      std::vector<int32_t> want_routing(routing_ints);
-      std::vector<std::vector<int32_t>> bucket(size_t(E) + 1);
-      for (int i = 0; i < pairs; ++i) {
-        const int e = idx[size_t(i)];
-        bucket[e < 0 || e >= E ? size_t(E) : size_t(e)].push_back(i);
-      }
-      int start = 0, tiles = 0;
-      for (int b = 0; b <= E; ++b) {
-        want_routing[size_t(b)] = start;
-        want_routing[size_t(E + 2 + b)] = tiles;
-        for (const int32_t i : bucket[size_t(b)]) want_routing[size_t(2 * (E + 2) + start++)] = i;
-        tiles += (int(bucket[size_t(b)].size()) + 2) / 3;  // tiles of up to 3 pairs
-      }
-      want_routing[size_t(E + 1)] = start;
-      want_routing[size_t(2 * E + 3)] = tiles;
-      EXPECT_EQ(got_routing, want_routing) << "routing workspace";
-
-      const std::vector<float> yp = y_pair.fetch(), yg = y_group.fetch(), ye = y_entry.fetch();
-      EXPECT_EQ(std::memcmp(yp.data(), yg.data(), ny * sizeof(float)), 0) << "mlp1/mlp2 bits";
-      EXPECT_EQ(std::memcmp(yp.data(), ye.data(), ny * sizeof(float)), 0) << "entry point bits";
-      if (swiglu_) {
-        const std::vector<float> ap = a_pair.fetch(), ag = a_group.fetch(), ae = a_entry.fetch();
-        EXPECT_EQ(std::memcmp(ap.data(), ag.data(), na * sizeof(float)), 0) << "swiglu bits";
-        EXPECT_EQ(std::memcmp(ap.data(), ae.data(), na * sizeof(float)), 0) << "entry swiglu bits";
+      const auto want_routing = [&](int tile_pairs) {
+        std::vector<int32_t> want(moe_routing_ints(pairs, E));
+        std::vector<std::vector<int32_t>> bucket(size_t(E) + 1);
         for (int i = 0; i < pairs; ++i) {
-          const bool invalid = idx[size_t(i)] < 0 || idx[size_t(i)] >= E;
-          for (int j = 0; j < out_ / 2; ++j)
-            ASSERT_EQ(std::isnan(ag[size_t(i) * (out_ / 2) + j]), invalid) << "pair " << i;
+          const int e = idx[size_t(i)];
+          bucket[e < 0 || e >= E ? size_t(E) : size_t(e)].push_back(i);
         }
+        int start = 0, tiles = 0;
+        for (int b = 0; b <= E; ++b) {
+          want[size_t(b)] = start;
+          want[size_t(E + 2 + b)] = tiles;
+          for (const int32_t i : bucket[size_t(b)]) want[size_t(2 * (E + 2) + start++)] = i;
+          tiles += (int(bucket[size_t(b)].size()) + tile_pairs - 1) / tile_pairs;
+        }
+        want[size_t(E + 1)] = start;
+        want[size_t(2 * E + 3)] = tiles;
+        return want;
+      };
+
+      Output y_ref(ny), a_ref(na);
+      detail::launch_f32_mxfp4w_moe_mma(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row,
+                                        x_slot, y_ref.ptr(), act(a_ref), 1.702f, 7.0f,
+                                        scratch.ws(), {false, 2, 1}, nullptr);
+      const std::vector<float> yr = y_ref.fetch(), ar = a_ref.fetch();
+      const auto same = [&](const Output& y, const Output& a, const char* what) {
+        const std::vector<float> yg = y.fetch();
+        EXPECT_EQ(std::memcmp(yr.data(), yg.data(), ny * sizeof(float)), 0) << what << ": mlp bits";
+        if (swiglu_) {
+          const std::vector<float> ag = a.fetch();
+          EXPECT_EQ(std::memcmp(ar.data(), ag.data(), na * sizeof(float)), 0)
+              << what << ": swiglu bits";
+        }
+      };
+      for (const detail::MoeTiling tiling :
+           {detail::MoeTiling{true, 2, 1}, detail::MoeTiling{true, 2, 4}}) {
+        Output y(ny), a(na);
+        detail::launch_f32_mxfp4w_moe_mma(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row,
+                                          x_slot, y.ptr(), act(a), 1.702f, 7.0f, scratch.ws(),
+                                          tiling, nullptr);
+        EXPECT_EQ(scratch.routing(), want_routing(8 * tiling.n_tiles))
+            << "routing workspace, tiles of " << 8 * tiling.n_tiles;
+        same(y, a, tiling.n_tiles == 1 ? "grouped 32 x 8" : "grouped 32 x 32");
       }
+      Output y_entry(ny), a_entry(na);
+      launch_f32_moe_linear(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
+                            y_entry.ptr(), act(a_entry), 1.702f, 7.0f, scratch.ws(), nullptr);
+      same(y_entry, a_entry, "entry point");
+
       // Every output written (the poison is NaN, which memcmp alone would not tell apart).
       for (int i = 0; i < pairs; ++i) {
         const bool invalid = idx[size_t(i)] < 0 || idx[size_t(i)] >= E;
         for (int j = 0; j < out_; ++j)
-          ASSERT_EQ(std::isnan(yg[size_t(i) * out_ + j]), invalid) << "pair " << i << " out " << j;
+          ASSERT_EQ(std::isnan(yr[size_t(i) * out_ + j]), invalid) << "pair " << i << " out " << j;
+        if (swiglu_) {
+          for (int j = 0; j < out_ / 2; ++j)
+            ASSERT_EQ(std::isnan(ar[size_t(i) * (out_ / 2) + j]), invalid) << "pair " << i;
+        }
       }
     }
   }
 
  private:
   int experts_ = 32, out_ = 5760, in_ = 2880, k_ = 4;
+  int scale_lo_ = 118, scale_hi_ = 129;
   bool swiglu_ = true;
   Routing routing_ = Routing::random;
 };
 
-TEST_F(DeviceKernels, MoeGroupedEqualsPerPairMlp1RealShape) {
-  MoeGroupedCase().run({1, 3, 64, 300});
+TEST_F(DeviceKernels, MoeTilingsAgreeMlp1RealShape) {
+  MoeTilingCase().run({1, 3, 64, 300});
 }
-TEST_F(DeviceKernels, MoeGroupedEqualsPerPairMlp2RealShape) {
-  MoeGroupedCase().out(2880).swiglu(false).run({1, 3, 64, 300});
+TEST_F(DeviceKernels, MoeTilingsAgreeMlp2RealShape) {
+  MoeTilingCase().out(2880).swiglu(false).run({1, 3, 64, 300});
 }
-TEST_F(DeviceKernels, MoeGroupedEqualsPerPairAllPairsOnOneExpert) {
-  MoeGroupedCase().routing(Routing::one_expert).run({1, 3, 64, 300});
-  MoeGroupedCase().out(2880).swiglu(false).routing(Routing::one_expert).run({64});
+TEST_F(DeviceKernels, MoeTilingsAgreeAllPairsOnOneExpert) {
+  MoeTilingCase().routing(Routing::one_expert).run({1, 3, 64, 300});
+  MoeTilingCase().out(2880).swiglu(false).routing(Routing::one_expert).run({64});
 }
-TEST_F(DeviceKernels, MoeGroupedEqualsPerPairWithInvalidExpertIndices) {
-  MoeGroupedCase().routing(Routing::with_invalid).run({1, 3, 64, 300});
-  MoeGroupedCase().out(2880).swiglu(false).routing(Routing::with_invalid).run({3, 64});
+TEST_F(DeviceKernels, MoeTilingsAgreeWithInvalidExpertIndices) {
+  MoeTilingCase().routing(Routing::with_invalid).run({1, 3, 64, 300});
+  MoeTilingCase().out(2880).swiglu(false).routing(Routing::with_invalid).run({3, 64});
 }
-TEST_F(DeviceKernels, MoeGroupedEqualsPerPairOddShapes) {
-  // out not a multiple of a warp's rows (70: a warp with one gate/linear pair; 33: one row),
-  // fewer blocks than lanes (in 96), more blocks than one pass of loads in flight (in 3616).
+TEST_F(DeviceKernels, MoeTilingsAgreeOddShapes) {
+  // out not a multiple of a group's 16 rows (70, 33, 38, 36), one block per row (in 32: an odd
+  // count of blocks), more blocks than one pass of loads in flight (in 3616).
   for (const Routing r : {Routing::random, Routing::with_invalid}) {
-    MoeGroupedCase().experts(5).out(70).in(96).k(3).routing(r).run({1, 3, 64, 300});
-    MoeGroupedCase().experts(5).out(33).in(64).k(3).swiglu(false).routing(r).run({1, 3, 64, 300});
-    MoeGroupedCase().experts(7).out(38).in(3616).k(2).routing(r).run({1, 3, 64, 300});
-    MoeGroupedCase().experts(1).out(36).in(3616).k(1).swiglu(false).routing(r).run({1, 300});
+    MoeTilingCase().experts(5).out(70).in(96).k(3).routing(r).run({1, 3, 64, 300});
+    MoeTilingCase().experts(5).out(33).in(32).k(3).swiglu(false).routing(r).run({1, 3, 64, 300});
+    MoeTilingCase().experts(7).out(38).in(3616).k(2).routing(r).run({1, 3, 64, 300});
+    MoeTilingCase().experts(1).out(36).in(3616).k(1).swiglu(false).routing(r).run({1, 300});
   }
 }
-TEST_F(DeviceKernels, MoeGroupedPathAgainstTheReference) {
-  MoeCase().experts(5).out(128).in(96).k(4).rows(16).run();  // 64 pairs: the grouped path
+TEST_F(DeviceKernels, MoeTilingsAgreeOverEveryScale) {
+  // E8M0 scales 0 .. 240: subnormal weights (s < 2), the two-multiply path (s > 128); larger
+  // scales overflow float32 sums of these sizes.
+  MoeTilingCase().experts(3).out(64).in(256).k(2).scales(0, 240).run({1, 40});
+}
+TEST_F(DeviceKernels, MoeMmaPathsAgainstTheReference) {
+  MoeCase().experts(5).out(128).in(96).k(4).rows(16).run();  // 64 pairs: 32 x 8 tiles
   MoeCase().experts(5).out(96).in(128).k(4).rows(16).swiglu(false).run();
+  MoeCase().experts(5).out(160).in(160).k(4).rows(64).run();  // 256 pairs: 32 x 32 tiles
+  MoeCase().experts(5).out(80).in(224).k(4).rows(64).swiglu(false).run();
+}
+TEST_F(DeviceKernels, MoeMxfp4EveryCodeAndScaleAgainstTheReference) {
+  // Every FP4 code under scales from 2^-127 (subnormal weights) to 2^113 (the two-multiply path
+  // above 2^1), 512 blocks of random codes.
+  MoeCase().experts(1).out(256).in(64).k(1).rows(2).swiglu(false).scales(0, 240).run();
 }
 
 // ------------------------------------------------------------------ swiglu, sums, add ---
@@ -1310,16 +1368,28 @@ TEST_F(DeviceKernels, LaunchersRejectBadArguments) {
   ExpertWeights ew;
   ew.blocks = w.as<uint8_t>(), ew.scales = w.as<uint8_t>(), ew.bias = x.as<float>();
   ew.experts = 1, ew.out = 2, ew.in = 48;  // not a multiple of 32
-  EXPECT_THROW(
-      launch_f32_moe_gemv(ew, reinterpret_cast<const int32_t*>(x.as()), 1, 1, x.as<float>(), 48, 0,
-                          x.as<float>(), nullptr, 1.702f, 7.0f, {}, nullptr),
-      parity::Error);
+  const MoeScratch big(64, 1, 64 * 32);
+  EXPECT_THROW(launch_f32_moe_linear(ew, reinterpret_cast<const int32_t*>(x.as()), 1, 1,
+                                     x.as<float>(), 48, 0, x.as<float>(), nullptr, 1.702f, 7.0f,
+                                     big.ws(), nullptr),
+               parity::Error);
   // A step of 16 pairs takes the grouped path, whose routing workspace is too small here.
   ew.in = 32;
-  DeviceBuffer routing(4 * sizeof(int32_t));
-  EXPECT_THROW(launch_f32_moe_gemv(ew, reinterpret_cast<const int32_t*>(x.as()), 16, 1,
-                                   x.as<float>(), 0, 0, x.as<float>(), nullptr, 1.702f, 7.0f,
-                                   {routing.as<int32_t>(), 4}, nullptr),
+  const MoeScratch small_routing(1, 1, 16 * 32);
+  EXPECT_THROW(launch_f32_moe_linear(ew, reinterpret_cast<const int32_t*>(x.as()), 16, 1,
+                                     x.as<float>(), 0, 0, x.as<float>(), nullptr, 1.702f, 7.0f,
+                                     small_routing.ws(), nullptr),
+               parity::Error);
+  // The split inputs of 2 rows do not fit a workspace for one.
+  const MoeScratch small_split(64, 1, 32);
+  EXPECT_THROW(launch_f32_moe_linear(ew, reinterpret_cast<const int32_t*>(x.as()), 2, 1,
+                                     x.as<float>(), 32, 0, x.as<float>(), nullptr, 1.702f, 7.0f,
+                                     small_split.ws(), nullptr),
+               parity::Error);
+  // Tilings that are not built.
+  EXPECT_THROW(detail::launch_f32_mxfp4w_moe_mma(ew, reinterpret_cast<const int32_t*>(x.as()), 1,
+                                                 1, x.as<float>(), 32, 0, x.as<float>(), nullptr,
+                                                 1.702f, 7.0f, big.ws(), {true, 2, 2}, nullptr),
                parity::Error);
 }
 

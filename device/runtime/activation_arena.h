@@ -7,6 +7,7 @@
 #include <span>
 
 #include "device/hip_compat.h"
+#include "device/kernels.h"
 #include "device/runtime/arena_layout.h"
 #include "device/runtime/device_buffer.h"
 
@@ -27,9 +28,11 @@ class ActivationArena {
   // Index stages (topk_idx, sampled) keep int32 rows in their slot.
   int32_t* index_out(Stage s) const { return act_.as<int32_t>(layout_.stage_offset[size_t(s)]); }
   float* workspace() const { return act_.as<float>(layout_.workspace_offset); }
-  // Scratch of launch_f32_moe_gemv (pairs sorted by expert), sized for rows() rows.
-  std::span<int32_t> moe_routing() const {
-    return {act_.as<int32_t>(layout_.moe_routing_offset), layout_.moe_routing_ints};
+  // Scratch of launch_f32_moe_linear (pairs sorted by expert, inputs split into BF16 parts),
+  // sized for rows() rows.
+  MoeWorkspace moe_workspace() const {
+    return {{act_.as<int32_t>(layout_.moe_routing_offset), layout_.moe_routing_ints},
+            {act_.as<uint32_t>(layout_.moe_split_offset), layout_.moe_split_words}};
   }
   float* scores() const { return scores_.as<float>(); }
   float* att() const { return scores_.as<float>() + scores_capacity_; }
