@@ -9,7 +9,7 @@
 // the block's E8M0 scale byte multiplies by 2^(s - 127). The kernel runs on BF16 MMA tiles with
 // float32 accumulation and keeps float32 accuracy: every weight times its scale is exact in BF16
 // (decoded in registers by bit placement and one BF16 multiply, mxfp4_word_to_bf16), and x is
-// split into three BF16 parts that sum to it exactly (moe_split_inputs), so each product on the
+// split into three BF16 parts that sum to it exactly (split_inputs.hip), so each product on the
 // tiles is exact and the only roundings are the float32 accumulations -- a float32 dot product in
 // another order. One launch: (1) steps of more than a few pairs sort their (row, slot) pairs by
 // expert (a stable counting sort into the routing workspace) so that a tile's pairs share one
@@ -77,8 +77,6 @@ constexpr int kMmaGroups = kMmaThreads / kMmaLanes;
 // by the MMA tiles, and the registers hold the larger B fragments).
 template <int NT>
 constexpr int kPrefetch = NT == 1 ? 4 : 2;
-// 32-bit words of split inputs per MXFP4 block of 32 inputs: 3 BF16 parts x 32 / 2.
-constexpr int kSplitWordsPerBlock = 48;
 // Steps of at most this many (row, slot) pairs (batch 2 at k = 4) take one pair per tile in pair
 // order; larger steps sort the pairs by expert first.
 constexpr int kPairModeMaxPairs = 8;
@@ -86,52 +84,6 @@ constexpr int kPairModeMaxPairs = 8;
 // invalid indices).
 constexpr int kRouteThreads = 1024;
 constexpr int kMaxRoutedExperts = 256;
-
-// float -> BF16 bits, rounded to nearest even; a NaN stays a (quiet) NaN.
-__device__ __forceinline__ uint32_t f32_to_bf16_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) {
-  return __uint_as_float(b << 16);
-}
-
-// The inputs x, split into three BF16 parts whose sum is x exactly: hi = bf16(x), mid =
-// bf16(x - hi), lo = x - hi - mid (each difference is exact in float32, and lo has at most 8
-// significant bits). The MXFP4 weights times their scales are exact in BF16 too, so every product
-// w * part on the MMA tiles is exact and the three sum to w * x: the tiles' only roundings are
-// their float32 accumulations, as in a float32 dot product.
-//
-// Layout (32-bit words): MXFP4 block b of the flat input (inputs 32 b .. 32 b + 31) at
-// split + 48 b; part q (0 hi, 1 mid, 2 lo) at + 16 q; lane t's 8 inputs at + 4 t as the BF16
-// pairs (8t, 8t+4), (8t+1, 8t+5), (8t+2, 8t+6), (8t+3, 8t+7) -- the order of the weight pairs
-// mxfp4_word_to_bf16 decodes from word t of a block, so one 16-byte load is a lane's B fragments
-// for both k steps of the block.
-__global__ void __launch_bounds__(256)
-    moe_split_inputs(const float* x, int64_t blocks, uint32_t* split) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= blocks * 4) return;
-  const int64_t b = i / 4;
-  const int t = int(i % 4);
-  const float4 f0 = *reinterpret_cast<const float4*>(x + 32 * b + 8 * t);
-  const float4 f1 = *reinterpret_cast<const float4*>(x + 32 * b + 8 * t + 4);
-  const float v[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-  uint32_t part[3][8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const uint32_t hi = f32_to_bf16_bits(v[e]);
-    const float r1 = v[e] - bf16_bits_to_f32(hi);
-    const uint32_t mid = f32_to_bf16_bits(r1);
-    const float r2 = r1 - bf16_bits_to_f32(mid);
-    part[0][e] = hi, part[1][e] = mid, part[2][e] = f32_to_bf16_bits(r2);
-  }
-#pragma unroll
-  for (int q = 0; q < 3; ++q)
-    *reinterpret_cast<uint4*>(split + kSplitWordsPerBlock * b + 16 * q + 4 * t) =
-        uint4{part[q][0] | part[q][4] << 16, part[q][1] | part[q][5] << 16,
-              part[q][2] | part[q][6] << 16, part[q][3] | part[q][7] << 16};
-}
 
 // Word t of an MXFP4 block (codes 8t .. 8t+7; byte j: code 8t+2j in the low nibble, 8t+2j+1 in
 // the high) times the block's E8M0 scale 2^(s - 127), as four BF16 pairs r[j] = (8t+j, 8t+j+4).
@@ -258,9 +210,11 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_pairs_by_expert(
 // chunks of two blocks ahead; the decoded pairs are its A fragments for the block's two k steps
 // (k step 0: codes 8t+{0,4} and 8t+{1,5}, step 1: 8t+{2,6} and 8t+{3,7}); its B fragments are
 // the matching split inputs of column g of each 8-pair tile (one 16-byte load per part). Per
-// block and tile: lo, then mid, then hi, each over both k steps, so the small parts meet the
-// accumulator before the large ones. Every output element sees the same sequence of MMA steps
-// whatever MT, NT and the tile's other pairs are: a row's result does not depend on the batch.
+// block and tile: lo, then mid, then hi, each over both k steps, on a fresh accumulator (the
+// small parts meet it before the large ones), then one float32 add into the running sum: the
+// tensor cores' own accumulation, coarser than round-to-nearest, spans 32 inputs only. Every
+// output element sees the same sequence of MMA steps whatever MT, NT and the tile's other pairs
+// are: a row's result does not depend on the batch.
 template <bool kSwiGLU, int MT, int NT>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     f32_mxfp4w_moe_mma(const MoeArgs a, int pairs, const int32_t* routing, const uint4* split) {
@@ -390,21 +344,33 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
               mxfp4_word_to_bf16(w[m][h][b], (s[m][h] >> (8 * b)) & 0xffu, ar[m][h]);
+          // Each block's products on a fresh accumulator (lo, mid, hi; both k steps), then one
+          // float32 add into the running sum: the tiles' internal accumulation spans 32 inputs, and
+          // the sum over blocks rounds to nearest like an fmaf chain.
+          uint32_t af[MT][2][4];
 #pragma unroll
-          for (int q = 2; q >= 0; --q)
+          for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int step = 0; step < 2; ++step)
+            for (int step = 0; step < 2; ++step) {
+              af[m][step][0] = ar[m][0][2 * step], af[m][step][1] = ar[m][1][2 * step];
+              af[m][step][2] = ar[m][0][2 * step + 1], af[m][step][3] = ar[m][1][2 * step + 1];
+            }
 #pragma unroll
-              for (int m = 0; m < MT; ++m) {
-                const uint32_t af[4] = {ar[m][0][2 * step], ar[m][1][2 * step],
-                                        ar[m][0][2 * step + 1], ar[m][1][2 * step + 1]};
+          for (int m = 0; m < MT; ++m)
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
+            for (int j = 0; j < NT; ++j) {
+              float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+              for (int q = 2; q >= 0; --q)
+#pragma unroll
+                for (int step = 0; step < 2; ++step) {
                   const uint32_t bfr[2] = {step == 0 ? bf[q][j].x : bf[q][j].z,
                                            step == 0 ? bf[q][j].y : bf[q][j].w};
-                  mma_bf16_16x8x16(acc[m][j], af, bfr);
+                  mma_bf16_16x8x16(part, af[m][step], bfr);
                 }
-              }
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[m][j][i] += part[i];
+            }
         });
 #pragma unroll
         for (int j = 0; j < NT; ++j) bp[j] += 24;
@@ -530,9 +496,6 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
 size_t moe_routing_ints(int64_t pairs, int experts) {
   return size_t(pairs) + 2 * (size_t(experts) + 2);
 }
-size_t moe_split_words(int64_t x_floats) {
-  return size_t(x_floats) / 32 * kSplitWordsPerBlock;
-}
 
 namespace detail {
 
@@ -560,12 +523,10 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
   PARITY_DEVICE_REQUIRE(tiling.grouped || nt == 1,
                         "launch_f32_moe_linear: pair mode takes one pair per tile");
   const int64_t x_floats = moe_x_floats(batch, k, x_row_stride, x_slot_stride, w.in);
-  PARITY_DEVICE_REQUIRE(ws.split.data() != nullptr && ws.split.size() >= moe_split_words(x_floats),
+  PARITY_DEVICE_REQUIRE(ws.split.size() >= split_bf16x3_words(x_floats),
                         "launch_f32_moe_linear: the split workspace holds ", ws.split.size(),
-                        " words, the step needs ", moe_split_words(x_floats),
-                        " (moe_split_words)");
-  PARITY_DEVICE_REQUIRE(aligned16(ws.split.data()),
-                        "launch_f32_moe_linear: the split workspace must be 16-byte aligned");
+                        " words, the step needs ", split_bf16x3_words(x_floats),
+                        " (split_bf16x3_words)");
   const int tile_pairs = 8 * nt;
   int64_t tiles_bound = pairs;
   const int32_t* routing = nullptr;
@@ -585,10 +546,7 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
     tiles_bound =
         std::min(pairs, (pairs + int64_t(w.experts + 1) * (tile_pairs - 1)) / tile_pairs);
   }
-  const int64_t split_blocks = x_floats / 32;
-  moe_split_inputs<<<unsigned(ceil_div(split_blocks * 4, 256)), 256, 0, stream>>>(
-      x, split_blocks, ws.split.data());
-  HIP_LAUNCH_CHECK("moe_split_inputs", stream);
+  launch_split_bf16x3(x, x_floats, ws.split, stream);
   const uint4* split = reinterpret_cast<const uint4*>(ws.split.data());
   const int np = int(pairs);
   if (nt == 1) {

@@ -39,9 +39,10 @@ class HipBackend final : public Backend {
     return "weights in checkpoint dtypes on the device (BF16/F16/F32 matrices, MXFP4 experts "
            "decoded exactly in-kernel; biases and sinks as exact float32 copies), float32 "
            "activations and KV cache, float32 accumulation with explicit fma in a fixed order, "
-           "no other contraction (" PARITY_DEVICE_FP_CONTRACT "); MXFP4 experts on BF16 MMA "
-           "tiles with exact products (weight x scale exact in BF16, inputs split into three "
-           "BF16 parts summing exactly) and float32 accumulation; precise expf/sinf/cosf/sqrtf";
+           "no other contraction (" PARITY_DEVICE_FP_CONTRACT "); MXFP4 experts and BF16 "
+           "projections on BF16 MMA tiles with exact products (weights exact in BF16, inputs "
+           "split into three BF16 parts summing exactly) and float32 accumulation per block of "
+           "32; precise expf/sinf/cosf/sqrtf";
   }
   // CUDA's and HIP's expf, sinf, cosf and sqrtf (no fast-math) are within 2 ulp; the policy
   // allows twice that.

@@ -43,6 +43,14 @@ void launch_f32_gather_rows(const float* x, const int32_t* rows, int count, int 
 void launch_f32_rmsnorm(const float* x, WeightType weight_type, const void* weight, int batch,
                         int n, float eps, float* y, hipStream_t stream);
 
+// Float32 inputs split into three BF16 parts that sum to them exactly, for the MMA kernels
+// (device/split_inputs.hip has the layout): `floats` (a multiple of 32) inputs of x (16-byte
+// aligned) into `split` (at least split_bf16x3_words(floats) words, 16-byte aligned).
+inline constexpr int kSplitWordsPerBlock = 48;  // words per block of 32 inputs: 3 x 32 BF16 / 2
+size_t split_bf16x3_words(int64_t floats);
+void launch_split_bf16x3(const float* x, int64_t floats, std::span<uint32_t> split,
+                         hipStream_t stream);
+
 // gemv: y[b, col + j] = W[j, :] . x[b, :] + bias[j] for each segment (W [out, in], bias (out,)
 // float or null). Segments stack their outputs side by side in y (qkv: q | k | v). With
 // `residual`, also resid_out[b, j] = residual[b, j] + y[b, j] (o_proj -> resid_attn).
@@ -56,8 +64,12 @@ struct GemvResidual {
   float* out = nullptr;
   int ld = 0;
 };
+// BF16 weights with in and ldx multiples of 32 (16-byte aligned x and weights) run on MMA tiles
+// and need `split` (at least split_bf16x3_words((batch - 1) ldx + in) words); other weights take
+// the GEMV and leave it unused. Either way a row's result does not depend on the batch.
 void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
-                          float* y, int ldy, GemvResidual residual, hipStream_t stream);
+                          float* y, int ldy, GemvResidual residual, std::span<uint32_t> split,
+                          hipStream_t stream);
 
 // qkv split + YaRN RoPE (half-split pairs, gpt_oss/torch/model.py _apply_rotary_emb):
 //   for head h of q (nH heads) and k (nKV heads), i < d/2, angle = pos * inv_freq[i] (float):
@@ -109,7 +121,7 @@ void launch_f32_router_topk_softmax(const float* logits, int batch, int n_expert
 // With `act` (mlp1): also act[r][s][i] = swiglu(y[2i], y[2i + 1]) (see launch_f32_swiglu).
 // y (B, k, out); act (B, k, out / 2). An invalid expert index gives NaN outputs for its pair.
 // MXFP4 weights run on MMA tiles (BF16 products, float32 accumulation) with x split into three
-// BF16 parts that sum to it exactly (into ws.split, at least moe_split_words(floats of x the
+// BF16 parts that sum to it exactly (into ws.split, at least split_bf16x3_words(floats of x the
 // step reads)); steps of more than a few pairs first sort the pairs by expert into ws.routing
 // (at least moe_routing_ints(B k, experts)) so that each expert's weights are read once per tile
 // of pairs. Every output is the same sequence of MMA steps whatever the step's size: a row's
@@ -125,9 +137,6 @@ void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch
 // Int32 elements of the routing workspace for `pairs` (row, slot) pairs over `experts` experts:
 // pairs + 2 (experts + 2). (device/runtime/arena_layout.cpp sizes the arena's by this formula.)
 size_t moe_routing_ints(int64_t pairs, int experts);
-// 32-bit words of the split workspace for x_floats inputs (a multiple of 32): 3/2 per input
-// (three BF16 parts). (device/runtime/arena_layout.cpp sizes the arena's by this formula.)
-size_t moe_split_words(int64_t x_floats);
 
 namespace detail {
 // The tiling behind launch_f32_moe_linear, callable with any built tiling so that the kernel

@@ -1,10 +1,18 @@
-// Dense GEMV with bias for the BF16/F16/F32 projections (qkv, o_proj, router, lm_head):
+// Dense projections with bias for the BF16/F16/F32 weights (qkv, o_proj, router, lm_head):
 //   y[b, col + j] = W[j, :] . x[b, :] + bias[j],  W [out, in] (PyTorch layout), x (B, in).
-// Memory bound: one warp per output row streams the row once with 16-byte loads (8 elements
-// per lane per step, 8 loads in flight per lane) and serves up to RB batch rows from it; fp32
-// accumulation with fmaf in a fixed lane order, then a butterfly reduction. A row's result does not
-// depend on RB or on the other rows. Optional epilogue: resid_out = residual + y (o_proj ->
-// resid_attn), the same single addition the unfused path does.
+// Optional epilogue: resid_out = residual + y (o_proj -> resid_attn), the same single addition
+// the unfused path does.
+//
+// BF16 weights with inputs in whole blocks of 32 run on BF16 MMA tiles with float32 accumulation
+// (f32_bf16w_mma): x is split into three BF16 parts that sum to it exactly (split_inputs.hip), so
+// every product on the tiles is exact and only float32 accumulations round. A block computes 16
+// MT rows by 8 NT batch rows (16 by 8 below 32 batch rows, 32 by 32 from there), each of its four groups of 32 lanes over a quarter of the input;
+// lane 4 g + t loads 8 consecutive weights (16 bytes) of rows g and g + 8 per block of 32 inputs
+// and pairs them (8t+j, 8t+j+4) to match the split inputs' order. Tilings differ in which lanes
+// compute an element, never in its sequence of MMA steps: a row's result does not depend on the
+// batch. Other weights (F16, F32, inputs not in blocks of 32) take the GEMV: one warp per output
+// row streams the row with 16-byte loads (8 elements per lane per step, 8 loads in flight per
+// lane) and serves up to RB batch rows from it; fmaf in a fixed lane order, then a butterfly.
 #include <algorithm>
 #include <vector>
 
@@ -111,6 +119,217 @@ __global__ void __launch_bounds__(kBlockThreads) f32_gemv_bias_w(const GemvArgs<
   }
 }
 
+// ------------------------------------------------------------------------ BF16 on MMA ---
+
+constexpr int kMmaLanes = 32;  // a fragment group: a warp on NVIDIA, half a wavefront on CDNA
+constexpr int kMmaThreads = 128;
+constexpr int kMmaGroups = kMmaThreads / kMmaLanes;
+
+struct MmaArgs {
+  const uint16_t* w[kMaxSegments];  // BF16 bits
+  const float* bias[kMaxSegments];
+  int row_end[kMaxSegments];  // cumulative output rows
+  int y_col[kMaxSegments];
+  int nseg;
+  int in;
+  int ldx;
+  int batch;
+  float* y;
+  int ldy;
+  const float* residual;
+  float* resid_out;
+  int ld_res;
+};
+
+// Segment s's entry of a kernel-parameter array, selected without a runtime index (which would
+// copy the array to the stack).
+template <typename T>
+__device__ __forceinline__ T pick(const T (&v)[kMaxSegments], int s) {
+  return s == 0 ? v[0] : s == 1 ? v[1] : v[2];
+}
+// The segment of output row `row` (rows counted over the segments) and its row in it.
+__device__ __forceinline__ int segment_of(const MmaArgs& a, int row, int& j) {
+  const int s = row < a.row_end[0] ? 0 : row < a.row_end[1] ? 1 : 2;
+  j = s == 0 ? row : s == 1 ? row - a.row_end[0] : row - a.row_end[1];
+  return s;
+}
+
+// grid (ceil(rows / 16 MT), min(ceil(batch / 8 NT), 65535)); a block walks the batch tiles
+// blockIdx.y, + gridDim.y, ... Loads need no predicates: a row past the last reads the last row,
+// a batch row past the batch reads the first of the tile (their results are never written, and a
+// row's and a batch row's results depend on nothing else).
+template <int MT, int NT>
+__global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
+    f32_bf16w_mma(const MmaArgs a, const uint4* split) {
+  constexpr int kRows = 16 * MT, kCols = 8 * NT;
+  const int lane = int(threadIdx.x) % kMmaLanes, group = int(threadIdx.x) / kMmaLanes;
+  const int g = lane / 4, t = lane % 4;
+  const int rows = pick(a.row_end, a.nseg - 1);
+  const int j0 = int(blockIdx.x) * kRows;
+  const int groups = a.in / 32, chunks = (groups + 1) / 2;
+  const int c_begin = group * chunks / kMmaGroups, c_end = (group + 1) * chunks / kMmaGroups;
+  __shared__ float partial[kMmaGroups][MT][NT][4][kMmaLanes];
+  // A: 16 bytes (weights 8t .. 8t+7 of a block) of rows j0 + 16 m + 8 h + g.
+  const uint4* ap0[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int j;
+      const int s = segment_of(a, min(j0 + 16 * m + 8 * h + g, rows - 1), j);
+      ap0[m][h] = reinterpret_cast<const uint4*>(pick(a.w, s) + int64_t(j) * a.in) +
+                  4 * 2 * c_begin + t;
+    }
+  const int tiles = (a.batch + kCols - 1) / kCols;
+  for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
+    const int b0 = tile * kCols, nb = min(kCols, a.batch - b0);
+    const uint4* bp[NT];
+#pragma unroll
+    for (int jt = 0; jt < NT; ++jt) {
+      const int n = 8 * jt + g < nb ? 8 * jt + g : 0;
+      bp[jt] = split + (int64_t(b0 + n) * (a.ldx / 32) + 2 * c_begin) * 12 + t;
+    }
+    const uint4* ap[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) ap[m][h] = ap0[m][h];
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][jt][i] = 0.0f;
+    // One chunk (two blocks) of weights loaded ahead.
+    uint4 wq[MT][2][2];
+    int next = c_begin;
+    const auto load = [&](uint4 (&w)[MT][2][2]) {
+      const bool live = next < c_end, live1 = live && 2 * next + 1 < groups;
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (live) {
+            w[m][h][0] = ap[m][h][0];
+            w[m][h][1] = live1 ? ap[m][h][4] : uint4{0, 0, 0, 0};
+          }
+          ap[m][h] += 8;
+        }
+      ++next;
+    };
+    load(wq);
+    for (int c = c_begin; c < c_end; ++c) {
+      uint4 w[MT][2][2];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) w[m][h][b] = wq[m][h][b];
+      load(wq);
+      static_for<2>([&](auto b_) {
+        constexpr int b = decltype(b_)::value;
+        if (2 * c + b >= groups) return;  // group-uniform
+        uint4 bf[3][NT];
+#pragma unroll
+        for (int q = 0; q < 3; ++q)
+#pragma unroll
+          for (int jt = 0; jt < NT; ++jt) bf[q][jt] = bp[jt][12 * b + 4 * q];
+        // Weights (8t .. 8t+7) as the pairs (8t+j, 8t+j+4), the split inputs' order.
+        uint32_t ar[MT][2][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4 q = w[m][h][b];
+            ar[m][h][0] = (q.x & 0xffffu) | (q.z << 16);
+            ar[m][h][1] = (q.x >> 16) | (q.z & 0xffff0000u);
+            ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
+            ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
+          }
+        // Each block's products on a fresh accumulator (lo, mid, hi; both k steps), then one
+        // float32 add into the running sum: the tiles' internal accumulation spans 32 inputs, and
+        // the sum over blocks rounds to nearest like an fmaf chain.
+        uint32_t af[MT][2][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            af[m][step][0] = ar[m][0][2 * step], af[m][step][1] = ar[m][1][2 * step];
+            af[m][step][2] = ar[m][0][2 * step + 1], af[m][step][3] = ar[m][1][2 * step + 1];
+          }
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int jt = 0; jt < NT; ++jt) {
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int q = 2; q >= 0; --q)
+#pragma unroll
+              for (int step = 0; step < 2; ++step) {
+                const uint32_t bfr[2] = {step == 0 ? bf[q][jt].x : bf[q][jt].z,
+                                         step == 0 ? bf[q][jt].y : bf[q][jt].w};
+                mma_bf16_16x8x16(part, af[m][step], bfr);
+              }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][jt][i] += part[i];
+          }
+      });
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt) bp[jt] += 24;
+    }
+
+    // The quarters' partial sums, then group 0 writes the tile.
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[group][m][jt][i][lane] = acc[m][jt][i];
+    __syncthreads();
+    if (group == 0) {
+      // Lane holds rows j0 + 16 m + {g, g + 8}, batch rows b0 + 8 jt + 2 t + {0, 1}.
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = j0 + 16 * m + 8 * h + g;
+          if (row >= rows) continue;
+          int j;
+          const int s = segment_of(a, row, j);
+          const float* bias = pick(a.bias, s);
+          const int col = pick(a.y_col, s) + j;
+#pragma unroll
+          for (int jt = 0; jt < NT; ++jt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int n = 8 * jt + 2 * t + c, i = 2 * h + c;
+              if (n >= nb) continue;
+              const float sum = (partial[0][m][jt][i][lane] + partial[1][m][jt][i][lane]) +
+                                (partial[2][m][jt][i][lane] + partial[3][m][jt][i][lane]);
+              const float v = bias != nullptr ? sum + bias[j] : sum;
+              a.y[int64_t(b0 + n) * a.ldy + col] = v;
+              if (a.resid_out != nullptr) {
+                const int64_t at = int64_t(b0 + n) * a.ld_res + col;
+                a.resid_out[at] = a.residual[at] + v;
+              }
+            }
+        }
+    }
+    __syncthreads();  // the partial sums are read before the next tile writes them
+  }
+}
+
+template <int MT, int NT>
+void launch_mma(const MmaArgs& a, const uint4* split, hipStream_t stream) {
+  const int rows = a.row_end[a.nseg - 1];
+  const dim3 grid(unsigned(ceil_div(rows, 16 * MT)),
+                  unsigned(std::min(ceil_div(a.batch, 8 * NT), 65535)));
+  f32_bf16w_mma<MT, NT><<<grid, kMmaThreads, 0, stream>>>(a, split);
+  HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
+}
+
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -127,7 +346,8 @@ void launch_rb(const GemvArgs<W>& a, bool vec, int grid_x, hipStream_t stream) {
 }  // namespace
 
 void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
-                          float* y, int ldy, GemvResidual residual, hipStream_t stream) {
+                          float* y, int ldy, GemvResidual residual, std::span<uint32_t> split,
+                          hipStream_t stream) {
   PARITY_DEVICE_REQUIRE(!segments.empty(), "launch_f32_gemv_bias: no segments");
   PARITY_DEVICE_REQUIRE(x != nullptr && y != nullptr, "launch_f32_gemv_bias: null x or y");
   PARITY_DEVICE_REQUIRE(batch > 0, "launch_f32_gemv_bias: batch ", batch, " must be positive");
@@ -153,7 +373,47 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
   if (!same_type) {  // mixed dtypes (never in practice): one launch per segment
     for (const auto& s : segments)
       launch_f32_gemv_bias(std::span<const GemvSegment>(&s, 1), x, ldx, batch, y, ldy, residual,
-                           stream);
+                           split, stream);
+    return;
+  }
+  // BF16 weights with inputs in whole blocks of 32: MMA tiles (for every batch size alike).
+  bool mma = segments[0].w.type == WeightType::bf16 && in % 32 == 0 && ldx % 32 == 0 &&
+             aligned16(x);
+  for (const auto& s : segments) mma = mma && aligned16(s.w.data);
+  if (mma) {
+    const int64_t floats = int64_t(batch - 1) * ldx + in;
+    PARITY_DEVICE_REQUIRE(split.size() >= split_bf16x3_words(floats),
+                          "launch_f32_gemv_bias: the split workspace holds ", split.size(),
+                          " words, the step needs ", split_bf16x3_words(floats),
+                          " (split_bf16x3_words)");
+    launch_split_bf16x3(x, floats, split, stream);
+    MmaArgs a{};
+    int rows = 0;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      a.w[i] = static_cast<const uint16_t*>(segments[i].w.data);
+      a.bias[i] = segments[i].bias;
+      rows += segments[i].w.rows;
+      a.row_end[i] = rows;
+      a.y_col[i] = segments[i].y_col;
+    }
+    for (size_t i = segments.size(); i < size_t(kMaxSegments); ++i)
+      a.w[i] = a.w[0], a.bias[i] = a.bias[0], a.row_end[i] = rows, a.y_col[i] = 0;
+    a.nseg = int(segments.size());
+    a.in = in;
+    a.ldx = ldx;
+    a.batch = batch;
+    a.y = y;
+    a.ldy = ldy;
+    a.residual = residual.residual;
+    a.resid_out = residual.out;
+    a.ld_res = residual.ld;
+    const uint4* sp = reinterpret_cast<const uint4*>(split.data());
+    // 32 rows by 32 batch rows per block; small batches 16 by 8, so that o_proj's 2,880 rows
+    // still make 180 blocks.
+    if (batch >= 32)
+      launch_mma<2, 4>(a, sp, stream);
+    else
+      launch_mma<1, 1>(a, sp, stream);
     return;
   }
   dispatch_weight_type(segments[0].w.type, [&]<typename W>() {

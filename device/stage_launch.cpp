@@ -39,7 +39,7 @@ void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
                         GemvResidual residual = {}) {
     const GemvSegment seg{l.w, l.bias, 0};
     launch_f32_gemv_bias(std::span<const GemvSegment>(&seg, 1), out(in), l.w.cols, B,
-                         out(out_stage), l.w.rows, residual, st);
+                         out(out_stage), l.w.rows, residual, arena.split_inputs(), st);
   };
   PARITY_CHECK(B > 0, "launch_stage({}) with no step", name(s));
   PARITY_CHECK(is_model_scope(s) || L != nullptr, "launch_stage({}) without a layer", name(s));
@@ -56,7 +56,8 @@ void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       const int qd = c.q_dim(), kvd = c.kv_dim();
       const GemvSegment segs[3] = {
           {L->q.w, L->q.bias, 0}, {L->k.w, L->k.bias, qd}, {L->v.w, L->v.bias, qd + kvd}};
-      launch_f32_gemv_bias(segs, out(Stage::attn_norm), H, B, out(s), c.qkv_dim(), {}, st);
+      launch_f32_gemv_bias(segs, out(Stage::attn_norm), H, B, out(s), c.qkv_dim(), {},
+                           arena.split_inputs(), st);
       break;
     }
     case Stage::q_rope:

@@ -143,7 +143,7 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
   timed("logits", [&] {
     const device::GemvSegment seg{w.lm_head(), nullptr, 0};
     launch_f32_gemv_bias(std::span<const device::GemvSegment>(&seg, 1), normed, H, n, logits, V,
-                         {}, st);
+                         {}, arena.split_inputs(), st);
   });
   timed("sampled", [&] {
     if (sampling.greedy())

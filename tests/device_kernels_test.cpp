@@ -129,6 +129,25 @@ int warp_dot_chain(int n) {
   return (n + w - 1) / w + 8 + int(std::log2(w)) + 2;
 }
 
+// Chain length of an MMA kernel's dot of n terms: per block of 32 inputs six MMA steps (three
+// parts by two k steps), each adding 16 exact products to the accumulator, then the four
+// quarters' partial sums.
+int mma_dot_chain(int n) {
+  return 6 * (n / 32) + 16 + 2;
+}
+
+// The split-input workspace of the MMA kernels for `floats` inputs.
+class SplitScratch {
+ public:
+  explicit SplitScratch(int64_t floats)
+      : words_(split_bf16x3_words(floats)), buf_(std::max<size_t>(1, words_) * sizeof(uint32_t)) {}
+  std::span<uint32_t> span() const { return {buf_.as<uint32_t>(), words_}; }
+
+ private:
+  size_t words_;
+  DeviceBuffer buf_;
+};
+
 std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
@@ -414,10 +433,12 @@ class GemvCase {
     Output y(want.size()), ro(want.size());
     GemvResidual epi;
     if (residual_) epi = {dres.as<float>(), ro.ptr(), ldy};
-    launch_f32_gemv_bias(segs, dx.as<float>(), in_, batch_, y.ptr(), ldy, epi, nullptr);
+    const SplitScratch split(int64_t(batch_) * in_);
+    launch_f32_gemv_bias(segs, dx.as<float>(), in_, batch_, y.ptr(), ldy, epi, split.span(),
+                         nullptr);
     Tol tol{std::vector<double>(want.size()), 0.0, 1e-10};
-    for (size_t i = 0; i < want.size(); ++i)
-      tol.atol[i] = dot_atol(warp_dot_chain(in_) + 1, abs_sum[i]);
+    const int chain = std::max(warp_dot_chain(in_), mma_dot_chain(in_)) + 1;  // GEMV or MMA
+    for (size_t i = 0; i < want.size(); ++i) tol.atol[i] = dot_atol(chain, abs_sum[i]);
     const std::vector<float> got = y.fetch();
     expect_close(got, want, tol, "y");
     if (residual_) {
@@ -469,18 +490,35 @@ TEST_F(DeviceKernels, GemvResidualEpilogue) {
 }
 
 TEST_F(DeviceKernels, GemvRowResultDoesNotDependOnTheBatch) {
-  // The same row alone and as row 5 of 9: bitwise equal (fixed per-row order, no atomics).
-  std::mt19937_64 rng(99);
-  const int out = 300, in = 2880, batch = 9;
-  const HostMatrix w = random_matrix(rng, WeightType::bf16, size_t(out) * in);
-  const std::vector<float> x = random_floats(rng, size_t(batch) * in, -1, 1);
-  DeviceBuffer dw = upload(w.bytes), dx = upload(x);
-  const GemvSegment seg{{WeightType::bf16, dw.as(), out, in}, nullptr, 0};
-  Output all(size_t(batch) * out), one(static_cast<size_t>(out));
-  launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {}, nullptr);
-  launch_f32_gemv_bias({&seg, 1}, dx.as<float>() + 5 * in, in, 1, one.ptr(), out, {}, nullptr);
-  const std::vector<float> a = all.fetch(), o = one.fetch();
-  for (int j = 0; j < out; ++j) ASSERT_EQ(a[size_t(5) * out + j], o[size_t(j)]) << "row " << j;
+  // The same row alone and as row 5 of 9 and of 40 (the MMA kernel's 8- and 32-row tiles; F16:
+  // the GEMV): bitwise equal (a fixed sequence per element, no atomics).
+  for (const WeightType type : {WeightType::bf16, WeightType::f16}) {
+    SCOPED_TRACE(type_name(type));
+    std::mt19937_64 rng(99);
+    const int out = 300, in = 2880;
+    const HostMatrix w = random_matrix(rng, type, size_t(out) * in);
+    const std::vector<float> x = random_floats(rng, size_t(40) * in, -1, 1);
+    DeviceBuffer dw = upload(w.bytes), dx = upload(x);
+    const GemvSegment seg{{type, dw.as(), out, in}, nullptr, 0};
+    const SplitScratch split(int64_t(40) * in);
+    Output one(static_cast<size_t>(out));
+    launch_f32_gemv_bias({&seg, 1}, dx.as<float>() + 5 * in, in, 1, one.ptr(), out, {},
+                         split.span(), nullptr);
+    const std::vector<float> o = one.fetch();
+    for (const int batch : {9, 40}) {
+      Output all(size_t(batch) * out);
+      launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {}, split.span(),
+                           nullptr);
+      const std::vector<float> a = all.fetch();
+      for (int j = 0; j < out; ++j)
+        ASSERT_EQ(a[size_t(5) * out + j], o[size_t(j)]) << "batch " << batch << " row " << j;
+    }
+  }
+}
+TEST_F(DeviceKernels, GemvMmaBatchPastOneTileAndThreeSegments) {
+  GemvCase().out(517).in(2880).batch(40).run();   // 32-row tiles, a partial last one
+  GemvCase().out(64).in(96).batch(70).segments(3).run();
+  GemvCase().out(2880).in(512).batch(33).residual(true).run();
 }
 
 // ------------------------------------------------------------------------------- rope ---
@@ -909,7 +947,7 @@ class MoeScratch {
  public:
   MoeScratch(int64_t pairs, int experts, int64_t x_floats)
       : routing_ints_(moe_routing_ints(pairs, experts)),
-        split_words_(moe_split_words(x_floats)),
+        split_words_(split_bf16x3_words(x_floats)),
         routing_(routing_ints_ * sizeof(int32_t)),
         split_(std::max<size_t>(1, split_words_) * sizeof(uint32_t)) {}
   MoeWorkspace ws() const {
@@ -921,12 +959,6 @@ class MoeScratch {
   size_t routing_ints_, split_words_;
   DeviceBuffer routing_, split_;
 };
-
-// Chain length of the MMA expert linear's dot of n terms: per MXFP4 block six MMA steps (three
-// parts by two k steps), each adding 16 exact products to the accumulator.
-int mma_dot_chain(int n) {
-  return 6 * (n / 32) + 16;
-}
 
 class MoeCase {
  public:
@@ -1363,8 +1395,14 @@ TEST_F(DeviceKernels, LaunchersRejectBadArguments) {
   EXPECT_THROW(launch_f32_swiglu(nullptr, 1, 1, 1.702f, 7.0f, x.as<float>(), nullptr),
                parity::Error);
   const GemvSegment seg{{WeightType::bf16, w.as(), 1, 64}, nullptr, 0};
-  EXPECT_THROW(launch_f32_gemv_bias({&seg, 1}, x.as<float>(), 32, 1, x.as<float>(), 1, {}, nullptr),
-               parity::Error);
+  EXPECT_THROW(
+      launch_f32_gemv_bias({&seg, 1}, x.as<float>(), 32, 1, x.as<float>(), 1, {}, {}, nullptr),
+      parity::Error);
+  // BF16 weights in blocks of 32 take the MMA kernel, whose split workspace is missing here.
+  const GemvSegment seg64{{WeightType::bf16, w.as(), 1, 32}, nullptr, 0};
+  EXPECT_THROW(
+      launch_f32_gemv_bias({&seg64, 1}, x.as<float>(), 32, 1, x.as<float>(), 1, {}, {}, nullptr),
+      parity::Error);
   ExpertWeights ew;
   ew.blocks = w.as<uint8_t>(), ew.scales = w.as<uint8_t>(), ew.bias = x.as<float>();
   ew.experts = 1, ew.out = 2, ew.in = 48;  // not a multiple of 32

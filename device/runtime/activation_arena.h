@@ -28,11 +28,14 @@ class ActivationArena {
   // Index stages (topk_idx, sampled) keep int32 rows in their slot.
   int32_t* index_out(Stage s) const { return act_.as<int32_t>(layout_.stage_offset[size_t(s)]); }
   float* workspace() const { return act_.as<float>(layout_.workspace_offset); }
-  // Scratch of launch_f32_moe_linear (pairs sorted by expert, inputs split into BF16 parts),
-  // sized for rows() rows.
+  // Scratch of the MMA kernels (a projection's inputs split into BF16 parts) and of
+  // launch_f32_moe_linear (also the pairs sorted by expert), sized for rows() rows.
+  std::span<uint32_t> split_inputs() const {
+    return {act_.as<uint32_t>(layout_.split_offset), layout_.split_words};
+  }
   MoeWorkspace moe_workspace() const {
     return {{act_.as<int32_t>(layout_.moe_routing_offset), layout_.moe_routing_ints},
-            {act_.as<uint32_t>(layout_.moe_split_offset), layout_.moe_split_words}};
+            split_inputs()};
   }
   float* scores() const { return scores_.as<float>(); }
   float* att() const { return scores_.as<float>() + scores_capacity_; }

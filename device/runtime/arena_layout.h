@@ -14,9 +14,9 @@ namespace parity::device {
 size_t stage_row_floats(const Config& c, Stage s);
 
 // One allocation: every stage's output for `rows` rows at its offset (256-byte aligned; index
-// stages keep int32 rows in their slot), the MoE routing and split workspaces, then the attention output's
-// split workspace. The scores/att rows, whose size depends on the positions, are a second
-// buffer (scores_bytes).
+// stages keep int32 rows in their slot), the MoE routing and the split-input workspaces, then the
+// attention output's split workspace. The scores/att rows, whose size depends on the positions,
+// are a second buffer (scores_bytes).
 struct ArenaLayout {
   int rows = 0;
   int max_context = 0;
@@ -25,10 +25,10 @@ struct ArenaLayout {
   // offsets (moe_routing_ints in device/kernels.h).
   size_t moe_routing_offset = 0;
   size_t moe_routing_ints = 0;
-  // uint32 scratch of launch_f32_moe_linear: the expert inputs split into BF16 parts
-  // (moe_split_words in device/kernels.h) for the larger of mlp1's and mlp2's inputs.
-  size_t moe_split_offset = 0;
-  size_t moe_split_words = 0;
+  // uint32 scratch of the MMA kernels: a projection's inputs split into BF16 parts
+  // (split_bf16x3_words in device/kernels.h), for the largest input of a step.
+  size_t split_offset = 0;
+  size_t split_words = 0;
   size_t workspace_offset = 0;
   size_t bytes = 0;
 

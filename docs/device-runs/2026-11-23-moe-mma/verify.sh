@@ -29,7 +29,7 @@ step_ctest() {
 }
 step_sanitize() {
   cd /tmp/src
-  timeout -s KILL 300 compute-sanitizer --error-exitcode 9 --print-limit 10 --tool memcheck build-device/bin/parity_tests --gtest_filter='DeviceKernels.Moe*' --gtest_brief=1 2>&1 | tail -3
+  timeout -s KILL 300 compute-sanitizer --error-exitcode 9 --print-limit 10 --tool memcheck build-device/bin/parity_tests --gtest_filter='DeviceKernels.Moe*:DeviceKernels.Gemv*' --gtest_brief=1 2>&1 | tail -3
   timeout -s KILL 300 compute-sanitizer --error-exitcode 9 --print-limit 10 --tool initcheck build-device/bin/parity_tests --gtest_filter='DeviceKernels.MoeTilingsAgreeOdd*:DeviceKernels.MoeMma*' --gtest_brief=1 2>&1 | tail -3
 }
 step_traces() {
