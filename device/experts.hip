@@ -24,6 +24,7 @@
 #include <algorithm>
 
 #include "device/device_math.h"
+#include "device/mma_tiles.h"
 
 namespace parity::device {
 namespace {
@@ -68,10 +69,6 @@ __device__ void write_outputs(const MoeArgs& a, int e, int64_t row_slot, int j0,
 
 // ------------------------------------------------------------------- MXFP4 on MMA tiles ---
 
-// A fragment group: 32 lanes (a warp on NVIDIA, half a wavefront on CDNA); four per block.
-constexpr int kMmaLanes = 32;
-constexpr int kMmaThreads = 128;
-constexpr int kMmaGroups = kMmaThreads / kMmaLanes;
 // Chunks (two MXFP4 blocks of a group's rows) of weight loads each lane keeps in flight: four
 // with one 8-pair tile (few pairs: bound by the weight stream), two with four (many pairs: bound
 // by the MMA tiles, and the registers hold the larger B fragments).
@@ -209,12 +206,10 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_pairs_by_expert(
 // block loads word t of both rows' blocks (codes 8t .. 8t+7) and the rows' scales, kPrefetch
 // chunks of two blocks ahead; the decoded pairs are its A fragments for the block's two k steps
 // (k step 0: codes 8t+{0,4} and 8t+{1,5}, step 1: 8t+{2,6} and 8t+{3,7}); its B fragments are
-// the matching split inputs of column g of each 8-pair tile (one 16-byte load per part). Per
-// block and tile: lo, then mid, then hi, each over both k steps, on a fresh accumulator (the
-// small parts meet it before the large ones), then one float32 add into the running sum: the
-// tensor cores' own accumulation, coarser than round-to-nearest, spans 32 inputs only. Every
-// output element sees the same sequence of MMA steps whatever MT, NT and the tile's other pairs
-// are: a row's result does not depend on the batch.
+// the matching split inputs of column g of each 8-pair tile (one 16-byte load per part); each
+// block of 32 inputs goes through mma_block (device/mma_tiles.h: its own tile, then one float32
+// add). Every output element sees the same sequence of operations whatever MT, NT and the
+// tile's other pairs are: a row's result does not depend on the batch.
 template <bool kSwiGLU, int MT, int NT>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     f32_mxfp4w_moe_mma(const MoeArgs a, int pairs, const int32_t* routing, const uint4* split) {
@@ -223,8 +218,9 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
   const int g = lane / 4, t = lane % 4;
   const int j0 = int(blockIdx.x) * kRows;  // the block's first row
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
-  const int c_begin = group * chunks / kMmaGroups, c_end = (group + 1) * chunks / kMmaGroups;
-  __shared__ float partial[kMmaGroups][MT][NT][4][kMmaLanes];
+  const MmaQuarter quarter = mma_quarter(chunks, group);
+  const int c_begin = quarter.begin, c_end = quarter.end;
+  __shared__ MmaPartials<MT, NT> partial;
   const int out = a.out, k = a.k, x_row_stride = a.x_row_stride, x_slot_stride = a.x_slot_stride;
   const uint32_t* const blocks32 = reinterpret_cast<const uint32_t*>(a.blocks);
   const uint8_t* const scales = a.scales;
@@ -344,33 +340,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
               mxfp4_word_to_bf16(w[m][h][b], (s[m][h] >> (8 * b)) & 0xffu, ar[m][h]);
-          // Each block's products on a fresh accumulator (lo, mid, hi; both k steps), then one
-          // float32 add into the running sum: the tiles' internal accumulation spans 32 inputs, and
-          // the sum over blocks rounds to nearest like an fmaf chain.
-          uint32_t af[MT][2][4];
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int step = 0; step < 2; ++step) {
-              af[m][step][0] = ar[m][0][2 * step], af[m][step][1] = ar[m][1][2 * step];
-              af[m][step][2] = ar[m][0][2 * step + 1], af[m][step][3] = ar[m][1][2 * step + 1];
-            }
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-              for (int q = 2; q >= 0; --q)
-#pragma unroll
-                for (int step = 0; step < 2; ++step) {
-                  const uint32_t bfr[2] = {step == 0 ? bf[q][j].x : bf[q][j].z,
-                                           step == 0 ? bf[q][j].y : bf[q][j].w};
-                  mma_bf16_16x8x16(part, af[m][step], bfr);
-                }
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[m][j][i] += part[i];
-            }
+          mma_block(acc, ar, bf);
         });
 #pragma unroll
         for (int j = 0; j < NT; ++j) bp[j] += 24;
@@ -378,12 +348,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     }
 
     // The quarters' partial sums, then group 0 writes the tile.
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) partial[group][m][j][i][lane] = acc[m][j][i];
+    partial.store(group, lane, acc);
     __syncthreads();
     if (group == 0) {
       // Lane holds rows j0 + 16 m + {g, g + 8}, columns 8 j + 2 t + {0, 1}.
@@ -398,9 +363,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const int n = 8 * j + 2 * t + c, i = 2 * h + c;
-              const float sum = (partial[0][m][j][i][lane] + partial[1][m][j][i][lane]) +
-                                (partial[2][m][j][i][lane] + partial[3][m][j][i][lane]);
-              const float v = sum + bias;
+              const float v = partial.sum(m, j, i, lane) + bias;
               const bool live = row < a.out && n < np;
               const int64_t p = live ? pair_at(n) : 0;
               if (live) a.y[p * a.out + row] = v;

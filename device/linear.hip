@@ -5,7 +5,8 @@
 //
 // BF16 weights with inputs in whole blocks of 32 run on BF16 MMA tiles with float32 accumulation
 // (f32_bf16w_mma): x is split into three BF16 parts that sum to it exactly (split_inputs.hip), so
-// every product on the tiles is exact and only float32 accumulations round. A block computes 16
+// every product on the tiles is exact and only float32 accumulations round, in the order of
+// mma_tiles.h (each block of 32 inputs on its own tile, then one float32 add). A block computes 16
 // MT rows by 8 NT batch rows (16 by 8 below 32 batch rows, 32 by 32 from there), each of its four groups of 32 lanes over a quarter of the input;
 // lane 4 g + t loads 8 consecutive weights (16 bytes) of rows g and g + 8 per block of 32 inputs
 // and pairs them (8t+j, 8t+j+4) to match the split inputs' order. Tilings differ in which lanes
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "device/device_math.h"
+#include "device/mma_tiles.h"
 
 namespace parity::device {
 namespace {
@@ -121,10 +123,6 @@ __global__ void __launch_bounds__(kBlockThreads) f32_gemv_bias_w(const GemvArgs<
 
 // ------------------------------------------------------------------------ BF16 on MMA ---
 
-constexpr int kMmaLanes = 32;  // a fragment group: a warp on NVIDIA, half a wavefront on CDNA
-constexpr int kMmaThreads = 128;
-constexpr int kMmaGroups = kMmaThreads / kMmaLanes;
-
 struct MmaArgs {
   const uint16_t* w[kMaxSegments];  // BF16 bits
   const float* bias[kMaxSegments];
@@ -167,8 +165,9 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
   const int rows = pick(a.row_end, a.nseg - 1);
   const int j0 = int(blockIdx.x) * kRows;
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
-  const int c_begin = group * chunks / kMmaGroups, c_end = (group + 1) * chunks / kMmaGroups;
-  __shared__ float partial[kMmaGroups][MT][NT][4][kMmaLanes];
+  const MmaQuarter quarter = mma_quarter(chunks, group);
+  const int c_begin = quarter.begin, c_end = quarter.end;
+  __shared__ MmaPartials<MT, NT> partial;
   // A: 16 bytes (weights 8t .. 8t+7 of a block) of rows j0 + 16 m + 8 h + g.
   const uint4* ap0[MT][2];
 #pragma unroll
@@ -248,45 +247,14 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
             ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
             ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
           }
-        // Each block's products on a fresh accumulator (lo, mid, hi; both k steps), then one
-        // float32 add into the running sum: the tiles' internal accumulation spans 32 inputs, and
-        // the sum over blocks rounds to nearest like an fmaf chain.
-        uint32_t af[MT][2][4];
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int step = 0; step < 2; ++step) {
-            af[m][step][0] = ar[m][0][2 * step], af[m][step][1] = ar[m][1][2 * step];
-            af[m][step][2] = ar[m][0][2 * step + 1], af[m][step][3] = ar[m][1][2 * step + 1];
-          }
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int jt = 0; jt < NT; ++jt) {
-            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int q = 2; q >= 0; --q)
-#pragma unroll
-              for (int step = 0; step < 2; ++step) {
-                const uint32_t bfr[2] = {step == 0 ? bf[q][jt].x : bf[q][jt].z,
-                                         step == 0 ? bf[q][jt].y : bf[q][jt].w};
-                mma_bf16_16x8x16(part, af[m][step], bfr);
-              }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[m][jt][i] += part[i];
-          }
+        mma_block(acc, ar, bf);
       });
 #pragma unroll
       for (int jt = 0; jt < NT; ++jt) bp[jt] += 24;
     }
 
     // The quarters' partial sums, then group 0 writes the tile.
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int jt = 0; jt < NT; ++jt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) partial[group][m][jt][i][lane] = acc[m][jt][i];
+    partial.store(group, lane, acc);
     __syncthreads();
     if (group == 0) {
       // Lane holds rows j0 + 16 m + {g, g + 8}, batch rows b0 + 8 jt + 2 t + {0, 1}.
@@ -306,8 +274,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
             for (int c = 0; c < 2; ++c) {
               const int n = 8 * jt + 2 * t + c, i = 2 * h + c;
               if (n >= nb) continue;
-              const float sum = (partial[0][m][jt][i][lane] + partial[1][m][jt][i][lane]) +
-                                (partial[2][m][jt][i][lane] + partial[3][m][jt][i][lane]);
+              const float sum = partial.sum(m, jt, i, lane);
               const float v = bias != nullptr ? sum + bias[j] : sum;
               a.y[int64_t(b0 + n) * a.ldy + col] = v;
               if (a.resid_out != nullptr) {
