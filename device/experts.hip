@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     }
     const auto pair_at = [&](int n) { return routing != nullptr ? rv.sorted[first + n] : first + n; };
     if (bucket == a.experts) {  // invalid expert indices: NaN for every output of the tile
-      for (int i = lane; i < np * kRows; i += kMmaLanes) {
+      for (int i = int(threadIdx.x); i < np * kRows; i += kMmaThreads) {  // each output once
         const int n = i / kRows, j = j0 + i % kRows;
         if (j < a.out && (!kSwiGLU || j % 2 == 0))
           write_invalid(a, pair_at(n), j, j / 2, kSwiGLU);

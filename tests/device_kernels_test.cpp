@@ -947,17 +947,15 @@ class MoeScratch {
  public:
   MoeScratch(int64_t pairs, int experts, int64_t x_floats)
       : routing_ints_(moe_routing_ints(pairs, experts)),
-        split_words_(split_bf16x3_words(x_floats)),
         routing_(routing_ints_ * sizeof(int32_t)),
-        split_(std::max<size_t>(1, split_words_) * sizeof(uint32_t)) {}
-  MoeWorkspace ws() const {
-    return {{routing_.as<int32_t>(), routing_ints_}, {split_.as<uint32_t>(), split_words_}};
-  }
+        split_(x_floats) {}
+  MoeWorkspace ws() const { return {{routing_.as<int32_t>(), routing_ints_}, split_.span()}; }
   std::vector<int32_t> routing() const { return download<int32_t>(routing_, routing_ints_); }
 
  private:
-  size_t routing_ints_, split_words_;
-  DeviceBuffer routing_, split_;
+  size_t routing_ints_;
+  DeviceBuffer routing_;
+  SplitScratch split_;
 };
 
 class MoeCase {
