@@ -509,7 +509,7 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
     tiles_bound =
         std::min(pairs, (pairs + int64_t(w.experts + 1) * (tile_pairs - 1)) / tile_pairs);
   }
-  launch_split_bf16x3(x, x_floats, ws.split, stream);
+  if (!ws.split_ready) launch_split_bf16x3(x, x_floats, ws.split, stream);
   const uint4* split = reinterpret_cast<const uint4*>(ws.split.data());
   const int np = int(pairs);
   if (nt == 1) {

@@ -9,11 +9,14 @@
 // covers) and stays exact under fault injection:
 //   q_rope  writes q_rope, k_rope and v (all three depend on qkv only; k_rope, v run nothing);
 //   o_proj  writes o_proj and resid_attn = residual + o_proj;
-//   topk_idx writes topk_idx and topk_w;
+//   router  writes router, topk_idx and topk_w (logits and decision in one kernel);
 //   mlp1    writes mlp1 and swiglu;
 //   moe_out writes moe_out and resid_ffn = resid_attn + moe_out.
 // When the graph overwrites a fused producer's output (write(): injection, replay), the
 // consumer stage's run() recomputes its output from the written one with its own kernel.
+// The norms (attn_norm, ffn_norm, final_norm) also write their output split into BF16 parts for
+// the MMA kernel that reads it next (qkv, mlp1, logits); the runtime records whose split the
+// scratch holds, and write() forgets it, so that consumer then splits the written values itself.
 #include "device/hip_backend.h"
 
 #include <bitset>
@@ -95,6 +98,8 @@ void HipBackend::run(Stage s, int layer) {
     switch (s) {
       case Stage::resid_attn:
         return overwritten_.test(size_t(Stage::o_proj));
+      case Stage::topk_idx:
+        return overwritten_.test(size_t(Stage::router));
       case Stage::topk_w:
         return overwritten_.test(size_t(Stage::topk_idx));
       case Stage::swiglu:
@@ -165,6 +170,7 @@ void HipBackend::write(Stage s, int layer, int row, const StageData& data) {
     HIP_CHECK(hipStreamSynchronize(st));
   }
   overwritten_.set(size_t(s));
+  rt_.forget_split();  // the scratch may hold the split of what was just overwritten
 }
 
 }  // namespace

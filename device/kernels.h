@@ -42,6 +42,16 @@ void launch_f32_gather_rows(const float* x, const int32_t* rows, int count, int 
 // (gpt_oss/torch/model.py RMSNorm; the order (x * inv) * weight as in reference/rmsnorm.cpp)
 void launch_f32_rmsnorm(const float* x, WeightType weight_type, const void* weight, int batch,
                         int n, float eps, float* y, hipStream_t stream);
+// The same y, and y split into BF16 parts into `split` (launch_split_bf16x3's layout, the rows
+// contiguous: at least split_bf16x3_words(batch n) words) for the MMA kernel that reads y next.
+// n as rmsnorm_writes_split(n) says; x, weight and y 16-byte aligned.
+inline constexpr int kRmsNormMaxSplitN = 8192;
+inline bool rmsnorm_writes_split(int n) {
+  return n % 32 == 0 && n <= kRmsNormMaxSplitN;
+}
+void launch_f32_rmsnorm_split(const float* x, WeightType weight_type, const void* weight,
+                              int batch, int n, float eps, float* y, std::span<uint32_t> split,
+                              hipStream_t stream);
 
 // Float32 inputs split into three BF16 parts that sum to them exactly, for the MMA kernels
 // (device/split_inputs.hip has the layout): `floats` (a multiple of 32) inputs of x (16-byte
@@ -64,11 +74,18 @@ struct GemvResidual {
   float* out = nullptr;
   int ld = 0;
 };
+// The MMA kernels' inputs split into BF16 parts: `words` is the scratch (at least
+// split_bf16x3_words of the floats the kernel reads); `ready` says it already holds the split of
+// those inputs (their producer wrote it: launch_f32_rmsnorm_split), so no split is launched.
+struct SplitInput {
+  std::span<uint32_t> words;
+  bool ready = false;
+};
 // BF16 weights with in and ldx multiples of 32 (16-byte aligned x and weights) run on MMA tiles
 // and need `split` (at least split_bf16x3_words((batch - 1) ldx + in) words); other weights take
 // the GEMV and leave it unused. Either way a row's result does not depend on the batch.
 void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
-                          float* y, int ldy, GemvResidual residual, std::span<uint32_t> split,
+                          float* y, int ldy, GemvResidual residual, SplitInput split,
                           hipStream_t stream);
 
 // qkv split + YaRN RoPE (half-split pairs, gpt_oss/torch/model.py _apply_rotary_emb):
@@ -115,6 +132,13 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
 // overwritten) and only w is recomputed.
 void launch_f32_router_topk_softmax(const float* logits, int batch, int n_experts, int k,
                                     bool select, int32_t* idx, float* w, hipStream_t stream);
+// router logits and decision in one kernel: logits (B, E) = W x + bias (W [E, in] in its dtype,
+// bias float or null; per expert one warp, fmaf in the GEMV's lane order, then a butterfly), then
+// idx and w as launch_f32_router_topk_softmax(select = true) computes them from those logits.
+// One block per row or per two rows, inputs staged in shared memory (at most 10,240); a row's
+// results do not depend on the batch.
+void launch_f32_router(const Matrix& weight, const float* bias, const float* x, int batch, int k,
+                       float* logits, int32_t* idx, float* w, hipStream_t stream);
 
 // expert linear for every (row, slot): y[r][s] (out,) = W[e] x + b[e], e = idx[r][s] read from
 // device memory. x row of slot s of row r is x + r * x_row_stride + s * x_slot_stride.
@@ -129,6 +153,7 @@ void launch_f32_router_topk_softmax(const float* logits, int batch, int n_expert
 struct MoeWorkspace {
   std::span<int32_t> routing;
   std::span<uint32_t> split;
+  bool split_ready = false;  // split already holds x's split (SplitInput::ready)
 };
 void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch, int k,
                            const float* x, int x_row_stride, int x_slot_stride, float* y,

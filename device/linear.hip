@@ -160,6 +160,10 @@ template <int MT, int NT>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     f32_bf16w_mma(const MmaArgs a, const uint4* split) {
   constexpr int kRows = 16 * MT, kCols = 8 * NT;
+  // Chunks of weights (and split inputs) in flight per group beyond the one in use: the small
+  // tiles are latency-bound (few warps per SM); two measured best at batch 1 (one and three,
+  // which spills, slower: docs/measurements.md); the large tiles' registers are full.
+  constexpr int kDepth = NT == 1 ? 2 : 1;
   const int lane = int(threadIdx.x) % kMmaLanes, group = int(threadIdx.x) / kMmaLanes;
   const int g = lane / 4, t = lane % 4;
   const int rows = pick(a.row_end, a.nseg - 1);
@@ -200,10 +204,15 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
       for (int jt = 0; jt < NT; ++jt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[m][jt][i] = 0.0f;
-    // One chunk (two blocks) of weights loaded ahead.
-    uint4 wq[MT][2][2];
+    // kDepth chunks (two blocks each) of weights in flight, walked as a ring: chunk c + kDepth
+    // is loaded into the slot chunk c leaves. The chunks are still summed in order.
+    // Small tiles load a chunk's split inputs (B) with its weights; large tiles (their registers
+    // full) load B where it is used.
+    constexpr bool kPrefetchB = NT == 1;
+    uint4 wq[kDepth][MT][2][2];
+    uint4 bq[kPrefetchB ? kDepth : 1][2][3][NT];
     int next = c_begin;
-    const auto load = [&](uint4 (&w)[MT][2][2]) {
+    const auto load = [&](uint4 (&w)[MT][2][2], uint4 (&bx)[2][3][NT]) {
       const bool live = next < c_end, live1 = live && 2 * next + 1 < groups;
 #pragma unroll
       for (int m = 0; m < MT; ++m)
@@ -215,42 +224,73 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
           }
           ap[m][h] += 8;
         }
+      if constexpr (kPrefetchB) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int q = 0; q < 3; ++q)
+#pragma unroll
+            for (int jt = 0; jt < NT; ++jt)
+              if (b == 0 ? live : live1) bx[b][q][jt] = bp[jt][12 * b + 4 * q];
+#pragma unroll
+        for (int jt = 0; jt < NT; ++jt) bp[jt] += 24;
+      }
       ++next;
     };
-    load(wq);
-    for (int c = c_begin; c < c_end; ++c) {
-      uint4 w[MT][2][2];
-#pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int b = 0; b < 2; ++b) w[m][h][b] = wq[m][h][b];
-      load(wq);
-      static_for<2>([&](auto b_) {
-        constexpr int b = decltype(b_)::value;
-        if (2 * c + b >= groups) return;  // group-uniform
-        uint4 bf[3][NT];
-#pragma unroll
-        for (int q = 0; q < 3; ++q)
-#pragma unroll
-          for (int jt = 0; jt < NT; ++jt) bf[q][jt] = bp[jt][12 * b + 4 * q];
-        // Weights (8t .. 8t+7) as the pairs (8t+j, 8t+j+4), the split inputs' order.
-        uint32_t ar[MT][2][4];
+    static_for<kDepth>([&](auto d_) {
+      constexpr int d = decltype(d_)::value;
+      load(wq[d], bq[kPrefetchB ? d : 0]);
+    });
+    for (int c0 = c_begin; c0 < c_end; c0 += kDepth) {
+      static_for<kDepth>([&](auto d_) {
+        constexpr int d = decltype(d_)::value;
+        const int c = c0 + d;
+        if (c >= c_end) return;  // group-uniform
+        uint4 w[MT][2][2], bx[2][3][NT];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint4 q = w[m][h][b];
-            ar[m][h][0] = (q.x & 0xffffu) | (q.z << 16);
-            ar[m][h][1] = (q.x >> 16) | (q.z & 0xffff0000u);
-            ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
-            ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
-          }
-        mma_block(acc, ar, bf);
-      });
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int jt = 0; jt < NT; ++jt) bp[jt] += 24;
+            for (int b = 0; b < 2; ++b) w[m][h][b] = wq[d][m][h][b];
+        if constexpr (kPrefetchB) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int q = 0; q < 3; ++q)
+#pragma unroll
+              for (int jt = 0; jt < NT; ++jt) bx[b][q][jt] = bq[d][b][q][jt];
+        }
+        load(wq[d], bq[kPrefetchB ? d : 0]);
+        static_for<2>([&](auto b_) {
+          constexpr int b = decltype(b_)::value;
+          if (2 * c + b >= groups) return;  // group-uniform
+          if constexpr (!kPrefetchB) {
+#pragma unroll
+            for (int q = 0; q < 3; ++q)
+#pragma unroll
+              for (int jt = 0; jt < NT; ++jt) bx[b][q][jt] = bp[jt][12 * b + 4 * q];
+          }
+          const uint4(&bf)[3][NT] = bx[b];
+          // Weights (8t .. 8t+7) as the pairs (8t+j, 8t+j+4), the split inputs' order.
+          uint32_t ar[MT][2][4];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint4 q = w[m][h][b];
+              ar[m][h][0] = (q.x & 0xffffu) | (q.z << 16);
+              ar[m][h][1] = (q.x >> 16) | (q.z & 0xffff0000u);
+              ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
+              ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
+            }
+          mma_block(acc, ar, bf);
+        });
+        if constexpr (!kPrefetchB) {
+#pragma unroll
+          for (int jt = 0; jt < NT; ++jt) bp[jt] += 24;
+        }
+      });
     }
 
     // The quarters' partial sums, then group 0 writes the tile.
@@ -313,7 +353,7 @@ void launch_rb(const GemvArgs<W>& a, bool vec, int grid_x, hipStream_t stream) {
 }  // namespace
 
 void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
-                          float* y, int ldy, GemvResidual residual, std::span<uint32_t> split,
+                          float* y, int ldy, GemvResidual residual, SplitInput split,
                           hipStream_t stream) {
   PARITY_DEVICE_REQUIRE(!segments.empty(), "launch_f32_gemv_bias: no segments");
   PARITY_DEVICE_REQUIRE(x != nullptr && y != nullptr, "launch_f32_gemv_bias: null x or y");
@@ -349,11 +389,11 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
   for (const auto& s : segments) mma = mma && aligned16(s.w.data);
   if (mma) {
     const int64_t floats = int64_t(batch - 1) * ldx + in;
-    PARITY_DEVICE_REQUIRE(split.size() >= split_bf16x3_words(floats),
-                          "launch_f32_gemv_bias: the split workspace holds ", split.size(),
+    PARITY_DEVICE_REQUIRE(split.words.size() >= split_bf16x3_words(floats),
+                          "launch_f32_gemv_bias: the split workspace holds ", split.words.size(),
                           " words, the step needs ", split_bf16x3_words(floats),
                           " (split_bf16x3_words)");
-    launch_split_bf16x3(x, floats, split, stream);
+    if (!split.ready) launch_split_bf16x3(x, floats, split.words, stream);
     MmaArgs a{};
     int rows = 0;
     for (size_t i = 0; i < segments.size(); ++i) {
@@ -374,7 +414,7 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
     a.residual = residual.residual;
     a.resid_out = residual.out;
     a.ld_res = residual.ld;
-    const uint4* sp = reinterpret_cast<const uint4*>(split.data());
+    const uint4* sp = reinterpret_cast<const uint4*>(split.words.data());
     // 32 rows by 32 batch rows per block; small batches 16 by 8, so that o_proj's 2,880 rows
     // still make 180 blocks.
     if (batch >= 32)

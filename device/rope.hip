@@ -6,24 +6,39 @@
 //   from Rope::from_config and rounded to float; the angle in float, as transformers does)
 //   c = cos(angle) * concentration, s = sin(angle) * concentration
 //   out[i] = x[i] c - x[i + d/2] s,   out[i + d/2] = x[i + d/2] c + x[i] s
+#include <algorithm>
+
 #include "device/device_math.h"
 
 namespace parity::device {
 namespace {
 
-__global__ void __launch_bounds__(256)
+constexpr int kRopeThreads = 256;
+
+// grid (B, ceil((nH + nKV) / heads_per_block) + 1): block y rotates heads y hpb .. y hpb + hpb - 1
+// of q then k, one (head, i) pair per thread (its angle's cos and sin computed once); the last
+// block of the row copies v.
+__global__ void __launch_bounds__(kRopeThreads)
     f32_qkv_split_yarn_rope(const float* __restrict__ qkv, const StepRow* __restrict__ rows,
-                            int n_heads, int n_kv, int head_dim, const float* __restrict__ inv_freq,
-                            float concentration, float* __restrict__ q, float* __restrict__ k,
-                            float* __restrict__ v) {
+                            int n_heads, int n_kv, int head_dim, int heads_per_block,
+                            const float* __restrict__ inv_freq, float concentration,
+                            float* __restrict__ q, float* __restrict__ k, float* __restrict__ v) {
   const int r = int(blockIdx.x);
   const int half = head_dim / 2;
   const int qkv_dim = (n_heads + 2 * n_kv) * head_dim;
   const float* src = qkv + int64_t(r) * qkv_dim;
+  if (int(blockIdx.y) + 1 == int(gridDim.y)) {  // v
+    const int kv_dim = n_kv * head_dim;
+    const float* vsrc = src + (n_heads + n_kv) * head_dim;
+    for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x))
+      v[int64_t(r) * kv_dim + t] = vsrc[t];
+    return;
+  }
   const float pos = float(rows[r].pos);
-  const int pairs = (n_heads + n_kv) * half;
+  const int head0 = int(blockIdx.y) * heads_per_block;
+  const int pairs = min(heads_per_block, n_heads + n_kv - head0) * half;
   for (int t = int(threadIdx.x); t < pairs; t += int(blockDim.x)) {
-    const int head = t / half, i = t % half;
+    const int head = head0 + t / half, i = t % half;
     const float angle = pos * inv_freq[i];
     const float c = cosf(angle) * concentration;
     const float s = sinf(angle) * concentration;
@@ -34,10 +49,6 @@ __global__ void __launch_bounds__(256)
     out[i] = x1 * c - x2 * s;
     out[i + half] = x2 * c + x1 * s;
   }
-  const int kv_dim = n_kv * head_dim;
-  const float* vsrc = src + (n_heads + n_kv) * head_dim;
-  for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x))
-    v[int64_t(r) * kv_dim + t] = vsrc[t];
 }
 
 }  // namespace
@@ -55,8 +66,12 @@ void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int b
   PARITY_DEVICE_REQUIRE(head_dim > 0 && head_dim % 2 == 0,
                         "launch_f32_qkv_split_yarn_rope: head_dim ", head_dim,
                         " must be positive and even (half-split pairs)");
-  f32_qkv_split_yarn_rope<<<batch, 256, 0, stream>>>(qkv, rows, n_heads, n_kv, head_dim, inv_freq,
-                                                     concentration, q, k, v);
+  const int heads_per_block = std::max(1, kRopeThreads / (head_dim / 2));
+  const int blocks_y = ceil_div(n_heads + n_kv, heads_per_block) + 1;
+  PARITY_DEVICE_REQUIRE(blocks_y <= 65535, "launch_f32_qkv_split_yarn_rope: ", n_heads + n_kv,
+                        " heads of dimension ", head_dim, " need too many blocks");
+  f32_qkv_split_yarn_rope<<<dim3(unsigned(batch), unsigned(blocks_y)), kRopeThreads, 0, stream>>>(
+      qkv, rows, n_heads, n_kv, head_dim, heads_per_block, inv_freq, concentration, q, k, v);
   HIP_LAUNCH_CHECK("f32_qkv_split_yarn_rope", stream);
 }
 

@@ -21,15 +21,13 @@ __device__ __forceinline__ bool ranks_before(float av, int ae, float bv, int be,
   return av > bv || (av == bv && ae < be);
 }
 
-// One warp per row.
-__global__ void f32_router_topk_softmax(const float* __restrict__ logits, int n_experts, int k,
-                                        bool select, int32_t* __restrict__ idx,
-                                        float* __restrict__ w) {
-  __shared__ float sel_v[kMaxTopK];
-  __shared__ int sel_e[kMaxTopK];
-  const int r = int(blockIdx.x), lane = int(threadIdx.x);
-  const float* g = logits + int64_t(r) * n_experts;
-  int32_t* idx_r = idx + int64_t(r) * k;
+// Top-k and softmax of one row's logits g by one warp (sel_v, sel_e: k entries of shared memory
+// of that warp). select = false: idx_r was overwritten (fault injection); it is read and w only
+// is recomputed.
+__device__ __forceinline__ void topk_softmax_row(const float* g, int n_experts, int k, bool select,
+                                                 int32_t* __restrict__ idx_r,
+                                                 float* __restrict__ w_r, float* sel_v,
+                                                 int* sel_e, int lane) {
   if (select) {
     float v[kMaxPerLane];
     unsigned taken = 0;
@@ -57,26 +55,161 @@ __global__ void f32_router_topk_softmax(const float* __restrict__ logits, int n_
       if (be % kWarpSize == lane) taken |= 1u << (be / kWarpSize);
       if (lane == 0) sel_v[s] = bv, sel_e[s] = be;
     }
-  } else if (lane == 0) {  // topk_idx was overwritten (fault injection): recompute w only
+  } else if (lane == 0) {
     for (int s = 0; s < k; ++s) {
       const int e = idx_r[s];
       sel_e[s] = e;
       sel_v[s] = e >= 0 && e < n_experts ? g[e] : NAN;
     }
   }
-  __syncthreads();
-  if (lane != 0) return;
+  if (lane != 0) return;  // lane 0 wrote sel_v and sel_e: it alone reads them
   float m = sel_v[0];
   for (int s = 1; s < k; ++s) m = m < sel_v[s] ? sel_v[s] : m;  // std::max
   float z = 0.0f;
   for (int s = 0; s < k; ++s) z += expf(sel_v[s] - m);
   for (int s = 0; s < k; ++s) {
     if (select) idx_r[s] = sel_e[s];
-    w[int64_t(r) * k + s] = expf(sel_v[s] - m) / z;
+    w_r[s] = expf(sel_v[s] - m) / z;
   }
 }
 
+// One warp per row.
+__global__ void f32_router_topk_softmax(const float* __restrict__ logits, int n_experts, int k,
+                                        bool select, int32_t* __restrict__ idx,
+                                        float* __restrict__ w) {
+  __shared__ float sel_v[kMaxTopK];
+  __shared__ int sel_e[kMaxTopK];
+  const int r = int(blockIdx.x), lane = int(threadIdx.x);
+  topk_softmax_row(logits + int64_t(r) * n_experts, n_experts, k, select, idx + int64_t(r) * k,
+                   w + int64_t(r) * k, sel_v, sel_e, lane);
+}
+
+// Router logits and decision: block of kRouterThreads, rows RB blockIdx.x .. + RB - 1, whose
+// inputs are first staged in shared memory (one load each). Warp u computes experts u, u + warps,
+// ...: lane-strided chunks of 8 weights (16-byte loads, 8 in flight per lane) summed by fmaf in
+// chunk order c = lane, lane + 32, ... (the GEMV's order), a butterfly, then + bias; warp b then
+// takes row b's top-k from the logits in shared memory.
+constexpr int kRouterThreads = 1024;
+constexpr int kRouterMaxExperts = kMaxPerLane * 32;  // topk_softmax_row's bound on any warp size
+constexpr int kRouterMaxRows = 2;
+constexpr size_t kRouterStagedBytes = 40 * 1024;  // the staged inputs (dynamic shared memory)
+template <typename W, int RB, bool kVec>
+__global__ void __launch_bounds__(kRouterThreads)
+    f32_router_logits_topk(const W* __restrict__ weight, const float* __restrict__ bias,
+                           const float* __restrict__ x, int in, int batch, int n_experts, int k,
+                           float* __restrict__ logits, int32_t* __restrict__ idx,
+                           float* __restrict__ w) {
+  extern __shared__ float4 xs4[];  // [RB][in]
+  float* xs = reinterpret_cast<float*>(xs4);
+  __shared__ float g[RB][kRouterMaxExperts];
+  __shared__ float sel_v[RB][kMaxTopK];
+  __shared__ int sel_e[RB][kMaxTopK];
+  const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
+  const int warps = int(blockDim.x) / kWarpSize;
+  const int r0 = int(blockIdx.x) * RB, nb = min(RB, batch - r0);
+  const float* x0 = x + int64_t(r0) * in;
+  if constexpr (kVec) {
+    for (int i = int(threadIdx.x); i < nb * in / 4; i += int(blockDim.x))
+      xs4[i] = reinterpret_cast<const float4*>(x0)[i];
+  } else {
+    for (int i = int(threadIdx.x); i < nb * in; i += int(blockDim.x)) xs[i] = x0[i];
+  }
+  __syncthreads();
+  for (int e = warp; e < n_experts; e += warps) {  // warp-uniform
+    const W* wr = weight + int64_t(e) * in;
+    float acc[RB];
+#pragma unroll
+    for (int b = 0; b < RB; ++b) acc[b] = 0.0f;
+    if constexpr (kVec) {
+      constexpr int kChunks = 8;
+      const int n8 = in / 8;
+      for (int c0 = lane; c0 < n8; c0 += kChunks * kWarpSize) {
+        Raw8<W> wq[kChunks];
+#pragma unroll
+        for (int u = 0; u < kChunks; ++u)
+          if (c0 + u * kWarpSize < n8) wq[u] = load_raw8(wr + 8 * (c0 + u * kWarpSize));
+#pragma unroll
+        for (int u = 0; u < kChunks; ++u) {
+          const int c = c0 + u * kWarpSize;
+          if (c < n8) {
+            float wv[8];
+            decode8(wq[u], wv);
+#pragma unroll
+            for (int b = 0; b < RB; ++b) {
+              if (b < nb) {
+                float xv[8];
+                load8(xs + b * in + 8 * c, xv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[b] = fmaf(wv[i], xv[i], acc[b]);
+              }
+            }
+          }
+        }
+      }
+    } else {
+      for (int i = lane; i < in; i += kWarpSize) {
+        const float wv = to_f32(wr[i]);
+#pragma unroll
+        for (int b = 0; b < RB; ++b)
+          if (b < nb) acc[b] = fmaf(wv, xs[b * in + i], acc[b]);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < RB; ++b) {
+      const float sum = warp_sum(acc[b]);
+      const float v = bias != nullptr ? sum + bias[e] : sum;
+      if (lane == 0 && b < nb) {
+        g[b][e] = v;
+        logits[int64_t(r0 + b) * n_experts + e] = v;
+      }
+    }
+  }
+  __syncthreads();
+  if (warp < nb)
+    topk_softmax_row(g[warp], n_experts, k, true, idx + int64_t(r0 + warp) * k,
+                     w + int64_t(r0 + warp) * k, sel_v[warp], sel_e[warp], lane);
+}
+
 }  // namespace
+
+void launch_f32_router(const Matrix& weight, const float* bias, const float* x, int batch, int k,
+                       float* logits, int32_t* idx, float* w, hipStream_t stream) {
+  PARITY_DEVICE_REQUIRE(weight.data != nullptr && x != nullptr && logits != nullptr &&
+                            idx != nullptr && w != nullptr && batch > 0,
+                        "launch_f32_router: null pointer or empty batch");
+  const int n_experts = weight.rows, in = weight.cols;
+  PARITY_DEVICE_REQUIRE(n_experts > 0 && n_experts <= kRouterMaxExperts && in > 0,
+                        "launch_f32_router: ", n_experts, " experts of ", in,
+                        " inputs (supported: 1..", kRouterMaxExperts, " experts)");
+  PARITY_DEVICE_REQUIRE(k > 0 && k <= n_experts && k <= kMaxTopK, "launch_f32_router: k ", k,
+                        " must be in 1..min(", n_experts, ", ", kMaxTopK, ")");
+  PARITY_DEVICE_REQUIRE(size_t(in) * sizeof(float) <= kRouterStagedBytes, "launch_f32_router: ",
+                        in, " inputs exceed the kernel's staged row of ",
+                        kRouterStagedBytes / sizeof(float));
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = in % 8 == 0 && aligned16(x) && aligned16(weight.data);
+  // Small steps: a block per row (more blocks); larger: two rows share each weight load.
+  const int rb =
+      batch >= 64 && size_t(kRouterMaxRows) * in * sizeof(float) <= kRouterStagedBytes ? 2 : 1;
+  const size_t smem = size_t(rb) * in * sizeof(float);
+  dispatch_weight_type(weight.type, [&]<typename W>() {
+    const W* wt = static_cast<const W*>(weight.data);
+    const auto launch = [&]<int RB>() {
+      const unsigned grid = unsigned(ceil_div(batch, RB));
+      if (vec)
+        f32_router_logits_topk<W, RB, true><<<grid, kRouterThreads, smem, stream>>>(
+            wt, bias, x, in, batch, n_experts, k, logits, idx, w);
+      else
+        f32_router_logits_topk<W, RB, false><<<grid, kRouterThreads, smem, stream>>>(
+            wt, bias, x, in, batch, n_experts, k, logits, idx, w);
+    };
+    if (rb == 1)
+      launch.template operator()<1>();
+    else
+      launch.template operator()<kRouterMaxRows>();
+  });
+  HIP_LAUNCH_CHECK("f32_router_logits_topk", stream);
+}
 
 void launch_f32_router_topk_softmax(const float* logits, int batch, int n_experts, int k,
                                     bool select, int32_t* idx, float* w, hipStream_t stream) {

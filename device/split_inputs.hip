@@ -10,19 +10,10 @@
 // kernels build from a lane's 8 consecutive weights, so one 16-byte load is a lane's B fragments
 // for both k steps of a block.
 #include "device/device_math.h"
+#include "device/split_inputs.h"
 
 namespace parity::device {
 namespace {
-
-// float -> BF16 bits, rounded to nearest even; a NaN stays a (quiet) NaN.
-__device__ __forceinline__ uint32_t f32_to_bf16_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) {
-  return __uint_as_float(b << 16);
-}
 
 __global__ void __launch_bounds__(256)
     split_bf16x3(const float* x, int64_t blocks, uint32_t* split) {
@@ -33,20 +24,7 @@ __global__ void __launch_bounds__(256)
   const float4 f0 = *reinterpret_cast<const float4*>(x + 32 * b + 8 * t);
   const float4 f1 = *reinterpret_cast<const float4*>(x + 32 * b + 8 * t + 4);
   const float v[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-  uint32_t part[3][8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const uint32_t hi = f32_to_bf16_bits(v[e]);
-    const float r1 = v[e] - bf16_bits_to_f32(hi);
-    const uint32_t mid = f32_to_bf16_bits(r1);
-    const float r2 = r1 - bf16_bits_to_f32(mid);
-    part[0][e] = hi, part[1][e] = mid, part[2][e] = f32_to_bf16_bits(r2);
-  }
-#pragma unroll
-  for (int q = 0; q < 3; ++q)
-    *reinterpret_cast<uint4*>(split + kSplitWordsPerBlock * b + 16 * q + 4 * t) =
-        uint4{part[q][0] | part[q][4] << 16, part[q][1] | part[q][5] << 16,
-              part[q][2] | part[q][6] << 16, part[q][3] | part[q][7] << 16};
+  split_bf16x3_write8(v, split + kSplitWordsPerBlock * b, t);
 }
 
 }  // namespace

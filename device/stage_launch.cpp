@@ -10,6 +10,7 @@ bool fused_into_producer(Stage s) {
     case Stage::k_rope:
     case Stage::v:
     case Stage::resid_attn:
+    case Stage::topk_idx:
     case Stage::topk_w:
     case Stage::swiglu:
     case Stage::resid_ffn:
@@ -19,7 +20,7 @@ bool fused_into_producer(Stage s) {
   }
 }
 
-void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
+void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
   const Config& c = rt.config();
   const ActivationArena& arena = rt.arena();
   const auto out = [&](Stage st) { return arena.out(st); };
@@ -35,11 +36,28 @@ void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
   const DeviceWeights& w = rt.weights();
   const DeviceLayer* L = layer >= 0 ? &w.layer(layer) : nullptr;
   int32_t* topk_idx = arena.index_out(Stage::topk_idx);
-  const auto gemv = [&](const DeviceLinear& l, Stage in, Stage out_stage,
+  // The MMA kernels' split of stage `in`'s output: ready when its producer wrote it (and nothing
+  // since); otherwise the kernel splits it into the scratch, which then holds no producer's split.
+  const auto split_of = [&](Stage in, int in_layer) {
+    const SplitInput split{arena.split_inputs(), rt.split_holds(in, in_layer)};
+    if (!split.ready) rt.forget_split();
+    return split;
+  };
+  // A norm writes its output's split too when its rows are whole blocks of 32.
+  const auto rmsnorm = [&](const float* x, const DeviceNorm& weight, Stage s_out, int s_layer) {
+    if (rmsnorm_writes_split(H)) {
+      launch_f32_rmsnorm_split(x, weight.type, weight.data, B, H, eps, out(s_out),
+                               arena.split_inputs(), st);
+      rt.set_split_source(s_out, s_layer);
+    } else {
+      launch_f32_rmsnorm(x, weight.type, weight.data, B, H, eps, out(s_out), st);
+    }
+  };
+  const auto gemv = [&](const DeviceLinear& l, Stage in, int in_layer, Stage out_stage,
                         GemvResidual residual = {}) {
     const GemvSegment seg{l.w, l.bias, 0};
     launch_f32_gemv_bias(std::span<const GemvSegment>(&seg, 1), out(in), l.w.cols, B,
-                         out(out_stage), l.w.rows, residual, arena.split_inputs(), st);
+                         out(out_stage), l.w.rows, residual, split_of(in, in_layer), st);
   };
   PARITY_CHECK(B > 0, "launch_stage({}) with no step", name(s));
   PARITY_CHECK(is_model_scope(s) || L != nullptr, "launch_stage({}) without a layer", name(s));
@@ -49,15 +67,14 @@ void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       launch_f32_embedding_gather(w.embed(), rows, B, out(s), st);
       break;
     case Stage::attn_norm:
-      launch_f32_rmsnorm(residual_in(), L->attn_norm.type, L->attn_norm.data, B, H, eps, out(s),
-                         st);
+      rmsnorm(residual_in(), L->attn_norm, s, layer);
       break;
     case Stage::qkv: {
       const int qd = c.q_dim(), kvd = c.kv_dim();
       const GemvSegment segs[3] = {
           {L->q.w, L->q.bias, 0}, {L->k.w, L->k.bias, qd}, {L->v.w, L->v.bias, qd + kvd}};
       launch_f32_gemv_bias(segs, out(Stage::attn_norm), H, B, out(s), c.qkv_dim(), {},
-                           arena.split_inputs(), st);
+                           split_of(Stage::attn_norm, layer), st);
       break;
     }
     case Stage::q_rope:
@@ -86,37 +103,42 @@ void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
                               arena.att(), arena.workspace(), out(s), st);
       break;
     case Stage::o_proj:
-      gemv(L->o, Stage::attn_out, s, {residual_in(), out(Stage::resid_attn), H});
+      gemv(L->o, Stage::attn_out, layer, s, {residual_in(), out(Stage::resid_attn), H});
       break;
     case Stage::resid_attn:
       if (recompute) launch_f32_add(residual_in(), out(Stage::o_proj), int64_t(B) * H, out(s), st);
       break;
     case Stage::ffn_norm:
-      launch_f32_rmsnorm(out(Stage::resid_attn), L->ffn_norm.type, L->ffn_norm.data, B, H, eps,
-                         out(s), st);
+      rmsnorm(out(Stage::resid_attn), L->ffn_norm, s, layer);
       break;
-    case Stage::router:
-      gemv(L->router, Stage::ffn_norm, s);
+    case Stage::router:  // writes router, topk_idx and topk_w
+      launch_f32_router(L->router.w, L->router.bias, out(Stage::ffn_norm), B, k, out(s), topk_idx,
+                        out(Stage::topk_w), st);
       break;
     case Stage::topk_idx:
-      launch_f32_router_topk_softmax(out(Stage::router), B, c.num_local_experts, k, true, topk_idx,
-                                     out(Stage::topk_w), st);
+      if (recompute)
+        launch_f32_router_topk_softmax(out(Stage::router), B, c.num_local_experts, k, true,
+                                       topk_idx, out(Stage::topk_w), st);
       break;
     case Stage::topk_w:
       if (recompute)
         launch_f32_router_topk_softmax(out(Stage::router), B, c.num_local_experts, k, false,
                                        topk_idx, out(s), st);
       break;
-    case Stage::mlp1:
+    case Stage::mlp1: {
+      MoeWorkspace ws = arena.moe_workspace();
+      ws.split_ready = split_of(Stage::ffn_norm, layer).ready;
       launch_f32_moe_linear(L->mlp1, topk_idx, B, k, out(Stage::ffn_norm), H, 0, out(s),
-                          out(Stage::swiglu), alpha, limit, arena.moe_workspace(), st);
+                            out(Stage::swiglu), alpha, limit, ws, st);
       break;
+    }
     case Stage::swiglu:
       if (recompute) launch_f32_swiglu(out(Stage::mlp1), B * k, I, alpha, limit, out(s), st);
       break;
     case Stage::mlp2:
+      rt.forget_split();
       launch_f32_moe_linear(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
-                          alpha, limit, arena.moe_workspace(), st);
+                            alpha, limit, arena.moe_workspace(), st);
       break;
     case Stage::moe_out:
       launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H,
@@ -128,11 +150,10 @@ void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute) {
         launch_f32_add(out(Stage::resid_attn), out(Stage::moe_out), int64_t(B) * H, out(s), st);
       break;
     case Stage::final_norm:
-      launch_f32_rmsnorm(out(Stage::resid_ffn), w.final_norm().type, w.final_norm().data, B, H,
-                         eps, out(s), st);
+      rmsnorm(out(Stage::resid_ffn), w.final_norm(), s, kModelLayer);
       break;
     case Stage::logits:
-      gemv({w.lm_head(), nullptr}, Stage::final_norm, s);
+      gemv({w.lm_head(), nullptr}, Stage::final_norm, kModelLayer, s);
       break;
     case Stage::sampled:
       launch_f32_argmax(out(Stage::logits), B, c.vocab_size, arena.index_out(s), st);

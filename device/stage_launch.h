@@ -15,7 +15,7 @@ namespace parity::device {
 
 // Launches stage `s` of `layer` (kModelLayer for model-scope stages) on rt's stream over the
 // current step's rows. The epilogue stages (final_norm, logits, sampled) run on every row.
-void launch_stage(const DeviceRuntime& rt, Stage s, int layer, bool recompute);
+void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute);
 
 // Whether `s` is covered by an earlier fused kernel of its layer (launch_stage launches nothing
 // for it unless asked to recompute).

@@ -134,16 +134,22 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
   float* normed = arena.out(Stage::final_norm);
   float* logits = arena.out(Stage::logits);
   int32_t* dev_tokens = dev_.as<int32_t>(at.tokens);
+  const bool split_ready = device::rmsnorm_writes_split(H);
   timed("final_norm", [&] {
     launch_f32_gather_rows(arena.out(Stage::resid_ffn), dev_.as<const int32_t>(at.rows), n, H,
                            gathered, st);
-    launch_f32_rmsnorm(gathered, w.final_norm().type, w.final_norm().data, n, H,
-                       float(c_.rms_norm_eps), normed, st);
+    // With rows of whole blocks of 32 the norm writes lm_head's split inputs too.
+    if (split_ready)
+      launch_f32_rmsnorm_split(gathered, w.final_norm().type, w.final_norm().data, n, H,
+                               float(c_.rms_norm_eps), normed, arena.split_inputs(), st);
+    else
+      launch_f32_rmsnorm(gathered, w.final_norm().type, w.final_norm().data, n, H,
+                         float(c_.rms_norm_eps), normed, st);
   });
   timed("logits", [&] {
     const device::GemvSegment seg{w.lm_head(), nullptr, 0};
     launch_f32_gemv_bias(std::span<const device::GemvSegment>(&seg, 1), normed, H, n, logits, V,
-                         {}, arena.split_inputs(), st);
+                         {}, {arena.split_inputs(), split_ready}, st);
   });
   timed("sampled", [&] {
     if (sampling.greedy())

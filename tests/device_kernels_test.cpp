@@ -337,6 +337,44 @@ class RmsNormCase {
   WeightType type_ = WeightType::bf16;
 };
 
+// launch_f32_rmsnorm_split: the same y as launch_f32_rmsnorm, and the same split words as the
+// split kernel makes of y; an MMA projection reading that split (ready) gives the same outputs as
+// one that splits y itself.
+TEST_F(DeviceKernels, RmsNormSplitWritesTheSplitOfItsOutput) {
+  for (const WeightType type : {WeightType::bf16, WeightType::f32}) {
+    for (const int rows : {1, 5}) {
+      SCOPED_TRACE(fmt::format("{} rows={}", type_name(type), rows));
+      const int n = 2880;
+      std::mt19937_64 rng(5 + uint64_t(rows));
+      const std::vector<float> x = random_floats(rng, size_t(rows) * n, -30, 30);
+      const HostMatrix w = random_matrix(rng, type, size_t(n), 2.0f);
+      DeviceBuffer dx = upload(x), dw = upload(w.bytes);
+      Output y1(x.size()), y2(x.size());
+      launch_f32_rmsnorm(dx.as<float>(), type, dw.as(), rows, n, 1e-5f, y1.ptr(), nullptr);
+      const SplitScratch s1(int64_t(rows) * n), s2(int64_t(rows) * n);
+      launch_f32_rmsnorm_split(dx.as<float>(), type, dw.as(), rows, n, 1e-5f, y2.ptr(), s2.span(),
+                               nullptr);
+      const std::vector<float> a = y1.fetch(), b = y2.fetch();
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "y " << i;
+      launch_split_bf16x3(y1.ptr(), int64_t(rows) * n, s1.span(), nullptr);
+      const size_t words = s1.span().size();
+      std::vector<uint32_t> w1(words), w2(words);
+      HIP_CHECK(hipMemcpy(w1.data(), s1.span().data(), words * 4, hipMemcpyDeviceToHost));
+      HIP_CHECK(hipMemcpy(w2.data(), s2.span().data(), words * 4, hipMemcpyDeviceToHost));
+      ASSERT_EQ(w1, w2) << "split words";
+      // A BF16 projection on the ready split == one splitting y itself.
+      const HostMatrix pw = random_matrix(rng, WeightType::bf16, size_t(64) * n);
+      DeviceBuffer dpw = upload(pw.bytes);
+      const GemvSegment seg{{WeightType::bf16, dpw.as(), 64, n}, nullptr, 0};
+      Output p1(size_t(rows) * 64), p2(size_t(rows) * 64);
+      launch_f32_gemv_bias({&seg, 1}, y1.ptr(), n, rows, p1.ptr(), 64, {}, {s1.span()}, nullptr);
+      launch_f32_gemv_bias({&seg, 1}, y2.ptr(), n, rows, p2.ptr(), 64, {}, {s2.span(), true},
+                           nullptr);
+      const std::vector<float> q1 = p1.fetch(), q2 = p2.fetch();
+      for (size_t i = 0; i < q1.size(); ++i) ASSERT_EQ(q1[i], q2[i]) << "projection " << i;
+    }
+  }
+}
 TEST_F(DeviceKernels, RmsNormOneRowOneChannel) {
   RmsNormCase().rows(1).channels(1).run();
 }
@@ -434,7 +472,7 @@ class GemvCase {
     GemvResidual epi;
     if (residual_) epi = {dres.as<float>(), ro.ptr(), ldy};
     const SplitScratch split(int64_t(batch_) * in_);
-    launch_f32_gemv_bias(segs, dx.as<float>(), in_, batch_, y.ptr(), ldy, epi, split.span(),
+    launch_f32_gemv_bias(segs, dx.as<float>(), in_, batch_, y.ptr(), ldy, epi, {split.span()},
                          nullptr);
     Tol tol{std::vector<double>(want.size()), 0.0, 1e-10};
     const int chain = std::max(warp_dot_chain(in_), mma_dot_chain(in_)) + 1;  // GEMV or MMA
@@ -503,12 +541,12 @@ TEST_F(DeviceKernels, GemvRowResultDoesNotDependOnTheBatch) {
     const SplitScratch split(int64_t(40) * in);
     Output one(static_cast<size_t>(out));
     launch_f32_gemv_bias({&seg, 1}, dx.as<float>() + 5 * in, in, 1, one.ptr(), out, {},
-                         split.span(), nullptr);
+                         {split.span()}, nullptr);
     const std::vector<float> o = one.fetch();
     for (const int batch : {9, 40}) {
       Output all(size_t(batch) * out);
-      launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {}, split.span(),
-                           nullptr);
+      launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {},
+                           {split.span()}, nullptr);
       const std::vector<float> a = all.fetch();
       for (int j = 0; j < out; ++j)
         ASSERT_EQ(a[size_t(5) * out + j], o[size_t(j)]) << "batch " << batch << " row " << j;
@@ -938,6 +976,65 @@ TEST_F(DeviceKernels, RouterExpertsNotMultipleOfWarp) {
 TEST_F(DeviceKernels, RouterTiesTakeTheLowestIndex) {
   RouterCase().experts(32).k(4).rows(8).ties(true).run();
   RouterCase().experts(8).k(8).rows(2).ties(true).run();  // k = E: every expert, in order
+}
+
+// The fused router (logits and decision in one kernel): logits within the GEMV's bound of the
+// float64 reference; idx and w exactly what launch_f32_router_topk_softmax makes of those logits;
+// a row's results bitwise the same alone and in a batch (one row per block, four per block).
+void router_fused_case(WeightType type, int experts, int in, int batch, bool bias) {
+  SCOPED_TRACE(fmt::format("fused router {} experts={} in={} batch={} bias={}", type_name(type),
+                           experts, in, batch, bias));
+  const int k = 4;
+  std::mt19937_64 rng(71 + uint64_t(experts) + uint64_t(in));
+  const HostMatrix w = random_matrix(rng, type, size_t(experts) * in);
+  const HostBf16 b = random_bf16(rng, size_t(experts), 0.5f);
+  const std::vector<float> x = random_floats(rng, size_t(batch) * in, -1, 1);
+  DeviceBuffer dw = upload(w.bytes), db = upload(b.values), dx = upload(x);
+  const Matrix m{type, dw.as(), experts, in};
+  const float* bias_ptr = bias ? db.as<float>() : nullptr;
+  Output logits(size_t(batch) * experts), tw(size_t(batch) * k);
+  DeviceBuffer didx(size_t(batch) * k * sizeof(int32_t));
+  launch_f32_router(m, bias_ptr, dx.as<float>(), batch, k, logits.ptr(), didx.as<int32_t>(),
+                    tw.ptr(), nullptr);
+  const std::vector<float> g = logits.fetch();
+  const std::vector<double> xd = to_double(x);
+  std::vector<double> want(g.size());
+  Tol tol{std::vector<double>(g.size()), 0.0, 1e-10};
+  for (int r = 0; r < batch; ++r)
+    for (int e = 0; e < experts; ++e) {
+      double sum = bias ? double(b.values[size_t(e)]) : 0.0, abs_sum = std::fabs(sum);
+      for (int i = 0; i < in; ++i) {
+        const double p = w.values[size_t(e) * in + i] * xd[size_t(r) * in + i];
+        sum += p, abs_sum += std::fabs(p);
+      }
+      want[size_t(r) * experts + e] = sum;
+      tol.atol[size_t(r) * experts + e] = dot_atol(warp_dot_chain(in) + 1, abs_sum);
+    }
+  expect_close(g, want, tol, "router logits");
+  // The decision: the separate top-k kernel on the fused kernel's own logits, bit for bit.
+  DeviceBuffer dg = upload(g), didx2(size_t(batch) * k * sizeof(int32_t));
+  Output tw2(size_t(batch) * k);
+  launch_f32_router_topk_softmax(dg.as<float>(), batch, experts, k, true, didx2.as<int32_t>(),
+                                 tw2.ptr(), nullptr);
+  EXPECT_EQ(download<int32_t>(didx, size_t(batch) * k), download<int32_t>(didx2, size_t(batch) * k));
+  const std::vector<float> w1 = tw.fetch(), w2 = tw2.fetch();
+  for (size_t i = 0; i < w1.size(); ++i) ASSERT_EQ(w1[i], w2[i]) << "topk_w " << i;
+  // Row batch - 1 alone.
+  Output one(static_cast<size_t>(experts)), one_w(static_cast<size_t>(k));
+  DeviceBuffer one_idx(size_t(k) * sizeof(int32_t));
+  launch_f32_router(m, bias_ptr, dx.as<float>() + int64_t(batch - 1) * in, 1, k, one.ptr(),
+                    one_idx.as<int32_t>(), one_w.ptr(), nullptr);
+  const std::vector<float> o = one.fetch(), ow = one_w.fetch();
+  for (int e = 0; e < experts; ++e)
+    ASSERT_EQ(o[size_t(e)], g[size_t(batch - 1) * experts + e]) << "expert " << e;
+  for (int s = 0; s < k; ++s) ASSERT_EQ(ow[size_t(s)], w1[size_t(batch - 1) * k + s]) << s;
+}
+
+TEST_F(DeviceKernels, RouterFusedLikeTheGemvAndTheTopK) {
+  router_fused_case(WeightType::bf16, 32, 2880, 3, true);    // the 20b's router, a block per row
+  router_fused_case(WeightType::bf16, 128, 2880, 70, true);  // the 120b's, two rows per block
+  router_fused_case(WeightType::f32, 37, 96, 65, false);
+  router_fused_case(WeightType::f16, 8, 13, 2, true);        // in % 8 != 0: the scalar path
 }
 
 // ---------------------------------------------------------------------------- experts ---

@@ -39,9 +39,11 @@ void DeviceRuntime::check_kernel_limits(const std::string& model) const {
         "{}: {} query heads per KV head of dimension {} exceed the attention kernel's block of "
         "1024 threads",
         model, g, d);
-  if (c_.num_local_experts > 8 * device_.warp_size)
-    fail("{}: {} experts exceed the router kernel's limit of {} on this device", model,
-         c_.num_local_experts, 8 * device_.warp_size);
+  if (c_.num_local_experts > 256)
+    fail("{}: {} experts exceed the router kernel's limit of 256", model, c_.num_local_experts);
+  if (c_.hidden_size > 10240)
+    fail("{}: hidden size {} exceeds the router kernel's staged input of 10240", model,
+         c_.hidden_size);
   if (c_.num_experts_per_tok > 32)
     fail("{}: {} experts per token exceed the router kernel's limit of 32", model,
          c_.num_experts_per_tok);
@@ -55,6 +57,7 @@ void DeviceRuntime::begin_step(const Batch& b) {
   StepLayout layout = build_step(b, c_, kv_->blocks());
   arena_->reserve(b.rows(), layout.scores_floats, stream_.get());
   step_.upload(std::move(layout), stream_.get());
+  forget_split();
 }
 
 void DeviceRuntime::make_current() const {

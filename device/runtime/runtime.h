@@ -7,7 +7,9 @@
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "device/kernel_types.h"
 #include "device/runtime/activation_arena.h"
@@ -60,6 +62,16 @@ class DeviceRuntime {
   // Device facts plus the runtime's sizes, as traces record them.
   nlohmann::json facts() const;
 
+  // Which stage output (of which layer) the arena's split-input scratch holds, written there with
+  // it by its producer (launch_f32_rmsnorm_split), so that the MMA kernel reading it next launches
+  // no split. launch_stage records and asks; forgotten when a step begins, when a kernel splits
+  // another input into the scratch, and when a stage output is written from the host.
+  bool split_holds(Stage s, int layer) const {
+    return split_source_.has_value() && split_source_->first == s && split_source_->second == layer;
+  }
+  void set_split_source(Stage s, int layer) { split_source_ = std::pair{s, layer}; }
+  void forget_split() { split_source_.reset(); }
+
  private:
   void check_kernel_limits(const std::string& model) const;
 
@@ -73,6 +85,7 @@ class DeviceRuntime {
   std::unique_ptr<ActivationArena> arena_;
   std::unique_ptr<KvCachePool> kv_;
   Step step_;
+  std::optional<std::pair<Stage, int>> split_source_;
 };
 
 }  // namespace parity::device

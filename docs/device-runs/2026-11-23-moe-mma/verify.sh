@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device verification of the MoE expert linear on MMA tiles: new tree (/tmp/src) and the tree
-# before it (/tmp/old), built side by side; steps: build tests sanitize traces bench
+# Device verification and benchmarks: the new tree (/tmp/src) and the tree before it (/tmp/old),
+# built side by side; steps: build tests sanitize traces bench quick moetests ncu sass depth ctest
 set -uo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 M=/tmp/parity-models
@@ -91,6 +91,18 @@ step_sass() {  # instruction mix of the expert kernels
   cd /tmp/src
   local o=build-device/device/CMakeFiles/parity_device.dir/experts.hip.o
   cuobjdump -sass $o > $OUT/experts.sass 2>&1; echo sass dumped
+}
+# The depth step rebuilt the intermediate trees that still had the PARITY_DENSE_MMA_DEPTH knob; the
+# final tree fixes the depth (kDepth in device/linear.hip), so the step no longer changes anything.
+step_depth() {  # batch 1 with other depths of the dense MMA kernel's weight ring
+  cd /tmp/src
+  for D in ${DEPTHS:-2 6}; do
+    sed -i "s/^#define PARITY_DENSE_MMA_DEPTH .*/#define PARITY_DENSE_MMA_DEPTH $D/" device/linear.hip
+    cmake --build build-device -j16 >/dev/null 2>&1 || { echo "depth $D: build failed"; continue; }
+    for i in 1 2; do echo "depth $D parity-bench b1: $(build-device/bin/parity-bench --model $M/20b --backend hip --positions 128 --warmup 16 -q 2>&1 | tail -1)"; done
+  done
+  git -C /tmp/src checkout device/linear.hip 2>/dev/null || tar -xzf $R/build-devdeps/src.tar.gz -C /tmp/src device/linear.hip
+  cmake --build build-device -j16 >/dev/null 2>&1 && echo "default depth rebuilt"
 }
 setup
 for s in "$@"; do echo "== $s"; "step_$s"; done
