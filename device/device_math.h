@@ -86,6 +86,51 @@ __device__ __forceinline__ void load8(const W* p, float (&v)[8]) {
   decode8(load_raw8(p), v);
 }
 
+// One warp's dot products of a matrix row wr (`in` elements, dtype W) with the input rows
+// x0 + b ldx, b < nb <= RB: each lane's partial sums in acc (a butterfly finishes them). kVec
+// (in % 8 == 0, wr and the rows 16-byte aligned): chunks of 8 at c = lane, lane + warp, ...,
+// kChunks 16-byte weight loads in flight per lane before any is used, each chunk's 8 products
+// added by fmaf in order; otherwise elements i = lane, lane + warp, ... The GEMV (linear.hip)
+// and the router (router.hip) sum in this one order.
+template <typename W, int RB, bool kVec>
+__device__ __forceinline__ void warp_row_dots(const W* wr, const float* x0, int64_t ldx, int in,
+                                              int nb, int lane, float (&acc)[RB]) {
+  if constexpr (kVec) {
+    constexpr int kChunks = 8;
+    const int n8 = in / 8;
+    for (int c0 = lane; c0 < n8; c0 += kChunks * kWarpSize) {
+      Raw8<W> wq[kChunks];
+#pragma unroll
+      for (int u = 0; u < kChunks; ++u)
+        if (c0 + u * kWarpSize < n8) wq[u] = load_raw8(wr + 8 * (c0 + u * kWarpSize));
+#pragma unroll
+      for (int u = 0; u < kChunks; ++u) {
+        const int c = c0 + u * kWarpSize;
+        if (c < n8) {
+          float wv[8];
+          decode8(wq[u], wv);
+#pragma unroll
+          for (int b = 0; b < RB; ++b) {
+            if (b < nb) {
+              float xv[8];
+              load8(x0 + int64_t(b) * ldx + 8 * c, xv);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[b] = fmaf(wv[e], xv[e], acc[b]);
+            }
+          }
+        }
+      }
+    }
+  } else {
+    for (int i = lane; i < in; i += kWarpSize) {
+      const float wv = to_f32(wr[i]);
+#pragma unroll
+      for (int b = 0; b < RB; ++b)
+        if (b < nb) acc[b] = fmaf(wv, x0[int64_t(b) * ldx + i], acc[b]);
+    }
+  }
+}
+
 // E8M0 scale byte -> 2^(s - 127) as a float, exactly (s = 0 is the subnormal 2^-127; the
 // loader refuses 255).
 __device__ __forceinline__ float e8m0_to_f32(uint32_t s) {

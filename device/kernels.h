@@ -135,8 +135,9 @@ void launch_f32_router_topk_softmax(const float* logits, int batch, int n_expert
 // router logits and decision in one kernel: logits (B, E) = W x + bias (W [E, in] in its dtype,
 // bias float or null; per expert one warp, fmaf in the GEMV's lane order, then a butterfly), then
 // idx and w as launch_f32_router_topk_softmax(select = true) computes them from those logits.
-// One block per row or per two rows, inputs staged in shared memory (at most 10,240); a row's
-// results do not depend on the batch.
+// One block per row or per two rows, inputs staged in shared memory (at most kRouterMaxInputs);
+// a row's results do not depend on the batch.
+inline constexpr int kRouterMaxInputs = 10240;
 void launch_f32_router(const Matrix& weight, const float* bias, const float* x, int batch, int k,
                        float* logits, int32_t* idx, float* w, hipStream_t stream);
 

@@ -68,42 +68,7 @@ __global__ void __launch_bounds__(kBlockThreads) f32_gemv_bias_w(const GemvArgs<
   float acc[RB];
 #pragma unroll
   for (int b = 0; b < RB; ++b) acc[b] = 0.0f;
-  if constexpr (kVec) {
-    // kChunks 16-byte weight loads in flight per lane before any is used; the chunks are
-    // still summed in the order c = lane, lane + warp, ... (as a plain loop would).
-    constexpr int kChunks = 8;
-    const int n8 = a.in / 8;
-    for (int c0 = lane; c0 < n8; c0 += kChunks * kWarpSize) {
-      Raw8<W> wq[kChunks];
-#pragma unroll
-      for (int u = 0; u < kChunks; ++u)
-        if (c0 + u * kWarpSize < n8) wq[u] = load_raw8(wr + 8 * (c0 + u * kWarpSize));
-#pragma unroll
-      for (int u = 0; u < kChunks; ++u) {
-        const int c = c0 + u * kWarpSize;
-        if (c < n8) {
-          float wv[8];
-          decode8(wq[u], wv);
-#pragma unroll
-          for (int b = 0; b < RB; ++b) {
-            if (b < nb) {
-              float xv[8];
-              load8(x0 + int64_t(b) * a.ldx + 8 * c, xv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[b] = fmaf(wv[e], xv[e], acc[b]);
-            }
-          }
-        }
-      }
-    }
-  } else {
-    for (int i = lane; i < a.in; i += kWarpSize) {
-      const float wv = to_f32(wr[i]);
-#pragma unroll
-      for (int b = 0; b < RB; ++b)
-        if (b < nb) acc[b] = fmaf(wv, x0[int64_t(b) * a.ldx + i], acc[b]);
-    }
-  }
+  warp_row_dots<W, RB, kVec>(wr, x0, a.ldx, a.in, nb, lane, acc);
 #pragma unroll
   for (int b = 0; b < RB; ++b) acc[b] = warp_sum(acc[b]);
   if (lane != 0) return;

@@ -92,7 +92,7 @@ __global__ void f32_router_topk_softmax(const float* __restrict__ logits, int n_
 constexpr int kRouterThreads = 1024;
 constexpr int kRouterMaxExperts = kMaxPerLane * 32;  // topk_softmax_row's bound on any warp size
 constexpr int kRouterMaxRows = 2;
-constexpr size_t kRouterStagedBytes = 40 * 1024;  // the staged inputs (dynamic shared memory)
+constexpr size_t kRouterStagedBytes = kRouterMaxInputs * sizeof(float);  // dynamic shared
 template <typename W, int RB, bool kVec>
 __global__ void __launch_bounds__(kRouterThreads)
     f32_router_logits_topk(const W* __restrict__ weight, const float* __restrict__ bias,
@@ -120,40 +120,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     float acc[RB];
 #pragma unroll
     for (int b = 0; b < RB; ++b) acc[b] = 0.0f;
-    if constexpr (kVec) {
-      constexpr int kChunks = 8;
-      const int n8 = in / 8;
-      for (int c0 = lane; c0 < n8; c0 += kChunks * kWarpSize) {
-        Raw8<W> wq[kChunks];
-#pragma unroll
-        for (int u = 0; u < kChunks; ++u)
-          if (c0 + u * kWarpSize < n8) wq[u] = load_raw8(wr + 8 * (c0 + u * kWarpSize));
-#pragma unroll
-        for (int u = 0; u < kChunks; ++u) {
-          const int c = c0 + u * kWarpSize;
-          if (c < n8) {
-            float wv[8];
-            decode8(wq[u], wv);
-#pragma unroll
-            for (int b = 0; b < RB; ++b) {
-              if (b < nb) {
-                float xv[8];
-                load8(xs + b * in + 8 * c, xv);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[b] = fmaf(wv[i], xv[i], acc[b]);
-              }
-            }
-          }
-        }
-      }
-    } else {
-      for (int i = lane; i < in; i += kWarpSize) {
-        const float wv = to_f32(wr[i]);
-#pragma unroll
-        for (int b = 0; b < RB; ++b)
-          if (b < nb) acc[b] = fmaf(wv, xs[b * in + i], acc[b]);
-      }
-    }
+    warp_row_dots<W, RB, kVec>(wr, xs, in, in, nb, lane, acc);
 #pragma unroll
     for (int b = 0; b < RB; ++b) {
       const float sum = warp_sum(acc[b]);

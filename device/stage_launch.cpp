@@ -53,6 +53,11 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       launch_f32_rmsnorm(x, weight.type, weight.data, B, H, eps, out(s_out), st);
     }
   };
+  const auto moe_ws = [&](Stage in) {  // the expert linear's workspace for input `in`
+    MoeWorkspace ws = arena.moe_workspace();
+    ws.split_ready = split_of(in, layer).ready;
+    return ws;
+  };
   const auto gemv = [&](const DeviceLinear& l, Stage in, int in_layer, Stage out_stage,
                         GemvResidual residual = {}) {
     const GemvSegment seg{l.w, l.bias, 0};
@@ -125,20 +130,16 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
         launch_f32_router_topk_softmax(out(Stage::router), B, c.num_local_experts, k, false,
                                        topk_idx, out(s), st);
       break;
-    case Stage::mlp1: {
-      MoeWorkspace ws = arena.moe_workspace();
-      ws.split_ready = split_of(Stage::ffn_norm, layer).ready;
+    case Stage::mlp1:
       launch_f32_moe_linear(L->mlp1, topk_idx, B, k, out(Stage::ffn_norm), H, 0, out(s),
-                            out(Stage::swiglu), alpha, limit, ws, st);
+                            out(Stage::swiglu), alpha, limit, moe_ws(Stage::ffn_norm), st);
       break;
-    }
     case Stage::swiglu:
       if (recompute) launch_f32_swiglu(out(Stage::mlp1), B * k, I, alpha, limit, out(s), st);
       break;
     case Stage::mlp2:
-      rt.forget_split();
       launch_f32_moe_linear(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
-                            alpha, limit, arena.moe_workspace(), st);
+                            alpha, limit, moe_ws(Stage::swiglu), st);
       break;
     case Stage::moe_out:
       launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H,

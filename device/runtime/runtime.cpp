@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "device/hip_compat.h"
+#include "device/kernels.h"
 #include "model/error.h"
 
 namespace parity::device {
@@ -41,9 +42,9 @@ void DeviceRuntime::check_kernel_limits(const std::string& model) const {
         model, g, d);
   if (c_.num_local_experts > 256)
     fail("{}: {} experts exceed the router kernel's limit of 256", model, c_.num_local_experts);
-  if (c_.hidden_size > 10240)
-    fail("{}: hidden size {} exceeds the router kernel's staged input of 10240", model,
-         c_.hidden_size);
+  if (c_.hidden_size > kRouterMaxInputs)
+    fail("{}: hidden size {} exceeds the router kernel's staged input of {}", model,
+         c_.hidden_size, kRouterMaxInputs);
   if (c_.num_experts_per_tok > 32)
     fail("{}: {} experts per token exceed the router kernel's limit of 32", model,
          c_.num_experts_per_tok);
