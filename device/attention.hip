@@ -18,6 +18,12 @@ namespace parity::device {
 namespace {
 
 constexpr int kScoreTile = 64;  // keys per scores block
+// The attention output's shared-memory tile: at most kPvTile keys, and as many as each thread's
+// kPvMaxQuads value loads (16 bytes each) and kPvMaxProbs probability loads cover (the kernel's
+// register arrays).
+constexpr int kPvTile = 128;
+constexpr int kPvMaxQuads = 4;
+constexpr int kPvMaxProbs = 2;
 constexpr int kThreads = 256;
 
 __device__ __forceinline__ int first_visible_key(int pos, int window) {
@@ -123,36 +129,91 @@ __global__ void __launch_bounds__(kThreads)
 // grid (splits, nKV, B), block >= g d threads: thread (hh, i) sums P[h][j] v_j[i] over the keys
 // of its split in order. A row with one split writes out directly; otherwise partial sums go
 // to the workspace [B][max_splits][nH][d] and f32_attention_pv_combine adds them in order.
+// The keys go through shared memory a tile of `tile` at a time: the block loads the tile's value
+// rows (its KV head's d floats of each key, 16-byte loads where d allows) and the g heads'
+// probabilities together, the next tile's loads are in flight while the threads sum the current
+// one, and each thread then adds its keys in order exactly as it would from global memory -- the
+// loads of a whole tile overlap instead of a thread's chain of dependent ones (a row at batch 1
+// has only nKV blocks).
 __global__ void __launch_bounds__(1024)
-    f32_attention_pv_gqa(AttentionShape a, KvCacheView kv, int split_keys, int max_splits,
+    f32_attention_pv_gqa(AttentionShape a, KvCacheView kv, int split_keys, int max_splits, int tile,
                          const StepRow* __restrict__ rows, const float* __restrict__ probs,
                          float* __restrict__ workspace, float* __restrict__ out) {
+  extern __shared__ float smem[];
   const int r = int(blockIdx.z), kvh = int(blockIdx.y), s = int(blockIdx.x);
   const int pos = rows[r].pos, cols = pos + 2;
   const int splits = (pos + split_keys) / split_keys;  // ceil((pos + 1) / split_keys)
+  if (s >= splits) return;                             // block-uniform
   const int d = a.head_dim, g = a.n_heads / a.n_kv;
-  const int t = int(threadIdx.x);
-  if (s >= splits || t >= g * d) return;
-  const int hh = t / d, i = t % d, h = kvh * g + hh;
+  const int t = int(threadIdx.x), threads = int(blockDim.x);
+  const bool computes = t < g * d;
+  const int hh = computes ? t / d : 0, i = t % d, h = kvh * g + hh;
   const int j_begin = max(s * split_keys, first_visible_key(pos, a.window));
   const int j_end = min((s + 1) * split_keys, pos + 1);
-  const float* prow = probs + rows[r].scores_offset + int64_t(h) * cols;
+  const float* pbase = probs + rows[r].scores_offset + int64_t(kvh) * g * cols;  // head kvh g
   const int kv_dim = a.n_kv * d;
   const int32_t* table = row_table(kv, a, rows[r]);
-  float acc = 0.0f;
-  for (int j = j_begin; j < j_end;) {  // keys in order, one block at a time
-    const int block_end = min(j_end, ((j >> kv.block_shift) + 1) << kv.block_shift);
-    const float* vc =
-        kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j, kv_dim) + int64_t(kvh) * d + i;
-    // v is loaded whatever p is (every key of the range has its block), so that the loads of
-    // several keys are in flight at once; a zero probability still adds nothing.
-#pragma unroll 8
-    for (; j < block_end; ++j, vc += kv_dim) {
-      const float p = prow[j];
-      const float sum = fmaf(p, *vc, acc);
-      acc = p != 0.0f ? sum : acc;
+  float* v_s = smem;             // [tile][d]
+  float* p_s = smem + tile * d;  // [g][tile]
+  // A thread's share of a tile's loads: value quads (d / 4 per key) and probabilities.
+  const bool vec = d % 4 == 0;
+  const int quads = vec ? d / 4 : d;  // units per key: float4 or float
+  float4 vq[kPvMaxQuads];
+  float pq[kPvMaxProbs];
+  const auto load = [&](int j0) {
+    const int n = min(tile, j_end - j0);
+#pragma unroll
+    for (int u = 0; u < kPvMaxQuads; ++u) {
+      const int x = t + u * threads, jj = x / quads, c = x % quads;
+      if (jj < n) {
+        const float* v =
+            kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j0 + jj, kv_dim) + int64_t(kvh) * d;
+        vq[u] = vec ? *reinterpret_cast<const float4*>(v + 4 * c) : float4{v[c], 0, 0, 0};
+      }
     }
+#pragma unroll
+    for (int u = 0; u < kPvMaxProbs; ++u) {
+      const int x = t + u * threads, ph = x / tile, jj = x % tile;
+      if (ph < g && jj < n) pq[u] = pbase[int64_t(ph) * cols + j0 + jj];
+    }
+  };
+  const auto store = [&](int j0) {
+    const int n = min(tile, j_end - j0);
+#pragma unroll
+    for (int u = 0; u < kPvMaxQuads; ++u) {
+      const int x = t + u * threads, jj = x / quads, c = x % quads;
+      if (jj < n) {
+        if (vec)
+          *reinterpret_cast<float4*>(v_s + jj * d + 4 * c) = vq[u];
+        else
+          v_s[jj * d + c] = vq[u].x;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPvMaxProbs; ++u) {
+      const int x = t + u * threads, ph = x / tile, jj = x % tile;
+      if (ph < g && jj < n) p_s[ph * tile + jj] = pq[u];
+    }
+  };
+  float acc = 0.0f;
+  if (j_begin < j_end) load(j_begin);
+  for (int j0 = j_begin; j0 < j_end; j0 += tile) {  // block-uniform
+    store(j0);
+    __syncthreads();
+    if (j0 + tile < j_end) load(j0 + tile);  // in flight while this tile is summed
+    if (computes) {
+      const int n = min(tile, j_end - j0);
+      const float* pr = p_s + hh * tile;
+      // A zero probability adds nothing (the value is read whatever it is).
+      for (int jj = 0; jj < n; ++jj) {
+        const float p = pr[jj];
+        const float sum = fmaf(p, v_s[jj * d + i], acc);
+        acc = p != 0.0f ? sum : acc;
+      }
+    }
+    __syncthreads();  // the tile is read before the next one overwrites it
   }
+  if (!computes) return;
   if (splits == 1)
     out[(int64_t(r) * a.n_heads + h) * d + i] = acc;
   else
@@ -258,9 +319,18 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
   PARITY_DEVICE_REQUIRE(splits == 1 || workspace != nullptr,
                         "launch_f32_attention_pv: positions past ", split,
                         " keys need the split workspace");
+  // Keys per shared-memory tile: as many as a thread's share of the loads covers (kPvMaxQuads
+  // value units and kPvMaxProbs probabilities per thread), at most kPvTile.
+  const int units = a.head_dim % 4 == 0 ? a.head_dim / 4 : a.head_dim;
+  const int tile = std::min({kPvTile, kPvMaxQuads * threads / units, kPvMaxProbs * threads / g});
+  PARITY_DEVICE_REQUIRE(tile >= 1, "launch_f32_attention_pv: ", g, " heads of dimension ",
+                        a.head_dim, " leave no key per tile");
+  const size_t smem = size_t(tile) * size_t(a.head_dim + g) * sizeof(float);
+  PARITY_DEVICE_REQUIRE(smem <= 48 * 1024, "launch_f32_attention_pv: a tile of ", tile,
+                        " keys needs ", smem, " bytes of shared memory (limit 48 KiB)");
   const dim3 grid(unsigned(splits), unsigned(a.n_kv), unsigned(batch));
-  f32_attention_pv_gqa<<<grid, threads, 0, stream>>>(a, kv, split, max_splits, rows, probs,
-                                                     workspace, out);
+  f32_attention_pv_gqa<<<grid, threads, smem, stream>>>(a, kv, split, max_splits, tile, rows, probs,
+                                                        workspace, out);
   HIP_LAUNCH_CHECK("f32_attention_pv_gqa", stream);
   if (splits > 1) {
     f32_attention_pv_combine<<<batch, kThreads, 0, stream>>>(a, split, max_splits, rows, workspace,

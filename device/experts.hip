@@ -6,7 +6,11 @@
 //
 // MXFP4 (OCP MX, gpt-oss-spec section 3): row j of W[e] is in/32 blocks of 16 bytes; byte b of
 // block g holds element 32 g + 2 b in its low nibble and 32 g + 2 b + 1 in its high nibble, and
-// the block's E8M0 scale byte multiplies by 2^(s - 127). The kernel runs on BF16 MMA tiles with
+// the block's E8M0 scale byte multiplies by 2^(s - 127). On the device the blocks and scales are
+// packed once, at upload (u8_mxfp4_pack_*, the layout of Mxfp4Packing in kernel_types.h), in the
+// order the lanes of a tile read them: one 16-byte load per lane and chunk of two blocks, 512
+// contiguous bytes per warp, where the checkpoint's order took eight 4-byte loads, each touching
+// eight rows. The kernel runs on BF16 MMA tiles with
 // float32 accumulation and keeps float32 accuracy: every weight times its scale is exact in BF16
 // (decoded in registers by bit placement and one BF16 multiply, mxfp4_word_to_bf16), and x is
 // split into three BF16 parts that sum to it exactly (split_inputs.hip), so each product on the
@@ -32,8 +36,8 @@ namespace {
 constexpr int kThreads = 256;
 
 struct MoeArgs {
-  const uint8_t* blocks;
-  const uint8_t* scales;
+  const uint8_t* blocks;  // packed (Mxfp4Packing)
+  const uint8_t* scales;  // packed (Mxfp4Packing)
   const void* dense;
   const float* bias;
   int experts, out, in;
@@ -69,11 +73,17 @@ __device__ void write_outputs(const MoeArgs& a, int e, int64_t row_slot, int j0,
 
 // ------------------------------------------------------------------- MXFP4 on MMA tiles ---
 
-// Chunks (two MXFP4 blocks of a group's rows) of weight loads each lane keeps in flight: four
-// with one 8-pair tile (few pairs: bound by the weight stream), two with four (many pairs: bound
-// by the MMA tiles, and the registers hold the larger B fragments).
+// Chunks (two MXFP4 blocks of a group's rows) of weight loads each lane keeps in flight beyond
+// the one in use: one with one 8-pair tile (which also loads the next chunk's split inputs; two
+// chunks spilled and were slower at batch 1: docs/measurements.md), two with four (many pairs:
+// bound by the MMA tiles, and the registers hold the larger B fragments).
 template <int NT>
-constexpr int kPrefetch = NT == 1 ? 4 : 2;
+constexpr int kPrefetch = NT == 1 ? 1 : 2;
+// Blocks per SM the register budget is cut for (__launch_bounds__): pair mode (batch 1 and 2)
+// was fastest at 3 (the registers of the ring unspilled), grouped 8-pair tiles at 4, the large
+// tiles hold one (measured on the H100, docs/measurements.md).
+template <bool kGrouped, int NT>
+constexpr int kMoeBlocksPerSm = NT == 1 ? (kGrouped ? 4 : 3) : 1;
 // Steps of at most this many (row, slot) pairs (batch 2 at k = 4) take one pair per tile in pair
 // order; larger steps sort the pairs by expert first.
 constexpr int kPairModeMaxPairs = 8;
@@ -89,11 +99,14 @@ constexpr int kMaxRoutedExperts = 256;
 // 2^(s-1) gives value * scale, exactly: the products have at most two significant bits and
 // BF16 has float32's exponent range (scales below 2^-125 give exact subnormals; 2^(s-1) above
 // BF16's largest power of two, s > 128, takes two multiplies; the E8M0 NaN, s = 255, gives NaN).
-__device__ __forceinline__ void mxfp4_word_to_bf16(uint32_t w, uint32_t s, uint32_t (&r)[4]) {
+__device__ __forceinline__ void mxfp4_word_place(uint32_t w, uint32_t (&r)[4]) {
   r[0] = ((w & 0x00070007u) << 6) | ((w & 0x00080008u) << 12);
   r[1] = ((w & 0x00700070u) << 2) | ((w & 0x00800080u) << 8);
   r[2] = ((w >> 2) & 0x01c001c0u) | ((w << 4) & 0x80008000u);
   r[3] = ((w >> 6) & 0x01c001c0u) | (w & 0x80008000u);
+}
+__device__ __forceinline__ void mxfp4_word_to_bf16(uint32_t w, uint32_t s, uint32_t (&r)[4]) {
+  mxfp4_word_place(w, r);
   // 2^(s-1), or 2^127 and then 2^(s-128) (the second multiply predicated, not branched).
   const uint32_t m1 = s <= 128u ? (s + 126u) << 7 : 254u << 7;
 #pragma unroll
@@ -103,6 +116,27 @@ __device__ __forceinline__ void mxfp4_word_to_bf16(uint32_t w, uint32_t s, uint3
 #pragma unroll
     for (int j = 0; j < 4; ++j) r[j] = bf16x2_mul(r[j], m2 | m2 << 16);
   }
+}
+
+// Nonzero when a byte of the four E8M0 scales s4 exceeds 128 (a scale above 2^1, which
+// mxfp4_word_to_bf16 applies in two multiplies).
+__device__ __forceinline__ uint32_t e8m0_any_above_128(uint32_t s4) {
+  return s4 & 0x80808080u & ((s4 & 0x7f7f7f7fu) + 0x7f7f7f7fu);
+}
+// The multipliers 2^(s-1) of scale bytes b and b + 2 of s4 (every byte at most 128), each as a
+// BF16 pair for bf16x2_mul: m[0] from byte b, m[1] from byte b + 2 -- what mxfp4_word_to_bf16's
+// one multiply uses, two scales at a time in 16-bit halves.
+template <int b>
+__device__ __forceinline__ void e8m0_pair_multipliers(uint32_t s4, uint32_t (&m)[2]) {
+  const uint32_t x = __byte_perm(s4, 0u, b == 0 ? 0x4240u : 0x4341u);  // s_b | s_(b+2) << 16
+  const uint32_t e = (x + 0x007e007eu) << 7;  // (s + 126) << 7 per half: at most 254 << 7
+  m[0] = __byte_perm(e, 0u, 0x1010u);
+  m[1] = __byte_perm(e, 0u, 0x3232u);
+}
+
+// Word i of a 16-byte load (i a compile-time constant after unrolling).
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
 // Routing workspace (int32), for `experts` experts (bucket `experts` gathers invalid indices):
@@ -196,22 +230,24 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_pairs_by_expert(
 
 // Expert linear on MMA tiles. grid (ceil(out / (16 MT rows)), min(tiles bound, 65535)); a block
 // walks the pair tiles blockIdx.y, + gridDim.y, ... A tile is up to 8 NT pairs of one expert: with
-// `routing`, consecutive pairs of one bucket of the sorted order (the bucket of tile t is the last
-// b with tile_start[b] <= t); without, pair t alone (pair mode). The block's four groups take the
-// same 16 MT rows and pairs and a quarter of the input each (chunks [w C / 4, (w + 1) C / 4) of
-// the C chunks of two blocks), so that a step of few pairs still has many short chains of
-// dependent MMA steps in flight; their partial sums meet in shared memory as (p0 + p1) + (p2 + p3).
+// `routing` (kGrouped), consecutive pairs of one bucket of the sorted order (the bucket of tile t
+// is the last b with tile_start[b] <= t); without, pair t alone (pair mode). The block's four
+// groups take the same 16 MT rows and pairs and a quarter of the input each (chunks
+// [w C / 4, (w + 1) C / 4) of the C chunks of two blocks), so that a step of few pairs still has
+// many short chains of dependent MMA steps in flight; their partial sums meet in shared memory as
+// (p0 + p1) + (p2 + p3).
 //
-// Lane 4 g + t of a group holds rows g and g + 8 of each of its MT 16-row tiles, and for each MXFP4
-// block loads word t of both rows' blocks (codes 8t .. 8t+7) and the rows' scales, kPrefetch
-// chunks of two blocks ahead; the decoded pairs are its A fragments for the block's two k steps
+// Lane 4 g + t of a group holds rows g and g + 8 of each of its MT 16-row tiles, and for each
+// chunk of two MXFP4 blocks loads word t of both rows' two blocks (codes 8t .. 8t+7 of each; one
+// 16-byte load from the packed blocks) and the four scales (one 32-bit load), kPrefetch chunks
+// ahead; the decoded pairs are its A fragments for the block's two k steps
 // (k step 0: codes 8t+{0,4} and 8t+{1,5}, step 1: 8t+{2,6} and 8t+{3,7}); its B fragments are
 // the matching split inputs of column g of each 8-pair tile (one 16-byte load per part); each
 // block of 32 inputs goes through mma_block (device/mma_tiles.h: its own tile, then one float32
 // add). Every output element sees the same sequence of operations whatever MT, NT and the
 // tile's other pairs are: a row's result does not depend on the batch.
-template <bool kSwiGLU, int MT, int NT>
-__global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
+template <bool kSwiGLU, bool kGrouped, int MT, int NT>
+__global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     f32_mxfp4w_moe_mma(const MoeArgs a, int pairs, const int32_t* routing, const uint4* split) {
   constexpr int kRows = 16 * MT, kCols = 8 * NT;
   const int lane = int(threadIdx.x) % kMmaLanes, group = int(threadIdx.x) / kMmaLanes;
@@ -221,14 +257,15 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
   const MmaQuarter quarter = mma_quarter(chunks, group);
   const int c_begin = quarter.begin, c_end = quarter.end;
   __shared__ MmaPartials<MT, NT> partial;
-  const int out = a.out, k = a.k, x_row_stride = a.x_row_stride, x_slot_stride = a.x_slot_stride;
-  const uint32_t* const blocks32 = reinterpret_cast<const uint32_t*>(a.blocks);
-  const uint8_t* const scales = a.scales;
+  const int k = a.k, x_row_stride = a.x_row_stride, x_slot_stride = a.x_slot_stride;
+  const uint4* const packed_blocks = reinterpret_cast<const uint4*>(a.blocks);
+  const uint32_t* const packed_scales = reinterpret_cast<const uint32_t*>(a.scales);
+  const Mxfp4Packing pk(a.out, a.in);
   const RoutingView<const int32_t> rv = routing_view(routing, a.experts);
-  const int tiles = routing != nullptr ? rv.tile_start[a.experts + 1] : pairs;
+  const int tiles = kGrouped ? rv.tile_start[a.experts + 1] : pairs;
   for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
     int bucket, first, np;
-    if (routing != nullptr) {
+    if constexpr (kGrouped) {
       int lo = 0, hi = a.experts;
       while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
@@ -245,20 +282,20 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
       bucket = e < 0 || e >= a.experts ? a.experts : e;
       first = tile, np = 1;
     }
-    const auto pair_at = [&](int n) { return routing != nullptr ? rv.sorted[first + n] : first + n; };
+    const auto pair_at = [&](int n) { return kGrouped ? rv.sorted[first + n] : first + n; };
     if (bucket == a.experts) {  // invalid expert indices: NaN for every output of the tile
       for (int i = int(threadIdx.x); i < np * kRows; i += kMmaThreads) {  // each output once
         const int n = i / kRows, j = j0 + i % kRows;
-        if (j < a.out && (!kSwiGLU || j % 2 == 0))
-          write_invalid(a, pair_at(n), j, j / 2, kSwiGLU);
+        if (j < a.out && (!kSwiGLU || j % 2 == 0)) write_invalid(a, pair_at(n), j, j / 2, kSwiGLU);
       }
       continue;
     }
     const int e = bucket;
 
-    // A row past `out` reads row out - 1 and a column past the tile's pairs reads its first pair:
-    // their results are never written, and a row's and a column's results depend on nothing
-    // else. The loads walk pointers forward a chunk at a time (no per-load address arithmetic).
+    // A row tile past the last reads the last, a padding row reads zeros, and a column past the
+    // tile's pairs reads its first pair: their results are never written, and a row's and a
+    // column's results depend on nothing else. The loads walk pointers forward a chunk at a time
+    // (no per-load address arithmetic).
     // B: column 8 j + g's split inputs (uint4 units: 12 per block), lane t's 16 bytes.
     const uint4* bp[NT];
 #pragma unroll
@@ -268,40 +305,56 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
       const int64_t v = int64_t(r) * x_row_stride + int64_t(slot) * x_slot_stride;
       bp[j] = split + (v / 32 + 2 * c_begin) * 12 + t;
     }
-    // A: word t of each block of rows j0 + 16 m + 8 h + g, and their scales.
-    const uint32_t* ap[MT][2];
-    const uint8_t* sp[MT][2];
+    // A: the lane's 16 bytes of each chunk of row tiles j0 / 16 + m (Mxfp4Packing: words t of
+    // rows g and g + 8, blocks 2c and 2c + 1) and its 4 scale bytes (the same rows and blocks).
+    const uint4* ap[MT];
+    const uint32_t* sp[MT];
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = int64_t(e) * out + min(j0 + 16 * m + 8 * h + g, out - 1);
-        ap[m][h] = blocks32 + (row * groups + 2 * c_begin) * 4 + t;
-        sp[m][h] = scales + row * groups + 2 * c_begin;
-      }
-    // Scales of a chunk's two blocks: one 16-bit load when every row's chunk starts even.
-    const bool scale_pairs = groups % 2 == 0 && reinterpret_cast<uintptr_t>(scales) % 2 == 0;
-    uint32_t wq[kPrefetch<NT>][MT][2][2], sq[kPrefetch<NT>][MT][2];
+    for (int m = 0; m < MT; ++m) {
+      const int64_t tile_chunk =
+          (int64_t(e) * pk.row_tiles + min(int64_t(j0 / 16 + m), pk.row_tiles - 1)) * pk.chunks +
+          c_begin;
+      ap[m] = packed_blocks + tile_chunk * kMmaLanes + lane;
+      sp[m] = packed_scales + tile_chunk * 8 + g;
+    }
+    // A ring of kPrefetch chunks of weights in flight: chunk c + kPrefetch is loaded into the slot
+    // chunk c leaves (the chunks are still summed in order). Small tiles also load the next
+    // chunk's split inputs (B) while the current one is summed, so that no MMA waits on a load
+    // issued just before it; large tiles (their registers full) load B where it is used.
+    constexpr bool kPrefetchB = NT == 1;
+    uint4 wq[kPrefetch<NT>][MT];
+    uint32_t sq[kPrefetch<NT>][MT];
+    uint4 bnext[2][3][NT];
     int next = c_begin;  // the chunk the next load() reads
-    const auto load = [&](uint32_t (&w)[MT][2][2], uint32_t (&s)[MT][2]) {
-      const bool live = next < c_end, live1 = live && 2 * next + 1 < groups;
+    const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
+      const bool live = next < c_end;
 #pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (live) {
-            w[m][h][0] = ap[m][h][0];
-            w[m][h][1] = live1 ? ap[m][h][4] : 0u;
-            s[m][h] = scale_pairs ? *reinterpret_cast<const uint16_t*>(sp[m][h])
-                                  : sp[m][h][0] | (live1 ? uint32_t(sp[m][h][1]) << 8 : 0u);
-          }
-          ap[m][h] += 8;
-          sp[m][h] += 2;
+      for (int m = 0; m < MT; ++m) {
+        if (live) {
+          w[m] = *ap[m];
+          s[m] = *sp[m];
         }
+        ap[m] += kMmaLanes;
+        sp[m] += 8;
+      }
       ++next;
+    };
+    // B of chunk c, then the pointers move on to chunk c + 1.
+    const auto load_b = [&](int c, uint4(&bx)[2][3][NT]) {
+      const bool live = c < c_end, live1 = live && 2 * c + 1 < groups;
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int q = 0; q < 3; ++q)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+            if (b == 0 ? live : live1) bx[b][q][j] = bp[j][12 * b + 4 * q];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) bp[j] += 24;
     };
 #pragma unroll
     for (int u = 0; u < kPrefetch<NT>; ++u) load(wq[u], sq[u]);
+    if constexpr (kPrefetchB) load_b(c_begin, bnext);
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -316,34 +369,63 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
         constexpr int u = decltype(u_)::value;
         const int c = c0 + u;
         if (c >= c_end) return;
-        uint32_t w[MT][2][2], s[MT][2];
+        uint4 w[MT], bx[2][3][NT];
+        uint32_t s[MT];
+        uint32_t above = 0;
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            s[m][h] = sq[u][m][h];
-#pragma unroll
-            for (int b = 0; b < 2; ++b) w[m][h][b] = wq[u][m][h][b];
-          }
+        for (int m = 0; m < MT; ++m) {
+          w[m] = wq[u][m], s[m] = sq[u][m];
+          above |= e8m0_any_above_128(s[m]);
+        }
+        // Scales of at most 2^1 (every practical checkpoint's) take one multiply per word, the
+        // multipliers built two at a time; the same BF16 multiply as mxfp4_word_to_bf16's.
+        const bool small_scales = !__any(above != 0u);
         load(wq[u], sq[u]);
+        if constexpr (kPrefetchB) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int q = 0; q < 3; ++q)
+#pragma unroll
+              for (int j = 0; j < NT; ++j) bx[b][q][j] = bnext[b][q][j];
+          load_b(c + 1, bnext);
+        }
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
           if (2 * c + b >= groups) return;  // group-uniform
-          uint4 bf[3][NT];
+          if constexpr (!kPrefetchB) {
 #pragma unroll
-          for (int q = 0; q < 3; ++q)
+            for (int q = 0; q < 3; ++q)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) bf[q][j] = bp[j][12 * b + 4 * q];
+              for (int j = 0; j < NT; ++j) bx[b][q][j] = bp[j][12 * b + 4 * q];
+          }
           uint32_t ar[MT][2][4];
+          if (small_scales) {  // group-uniform
 #pragma unroll
-          for (int m = 0; m < MT; ++m)
+            for (int m = 0; m < MT; ++m) {
+              uint32_t mult[2];
+              e8m0_pair_multipliers<b>(s[m], mult);
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              mxfp4_word_to_bf16(w[m][h][b], (s[m][h] >> (8 * b)) & 0xffu, ar[m][h]);
-          mma_block(acc, ar, bf);
+              for (int h = 0; h < 2; ++h) {
+                mxfp4_word_place(word_of(w[m], 2 * h + b), ar[m][h]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) ar[m][h][j] = bf16x2_mul(ar[m][h][j], mult[h]);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                mxfp4_word_to_bf16(word_of(w[m], 2 * h + b), (s[m] >> (8 * (2 * h + b))) & 0xffu,
+                                   ar[m][h]);
+          }
+          mma_block(acc, ar, bx[b]);
         });
+        if constexpr (!kPrefetchB) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) bp[j] += 24;
+          for (int j = 0; j < NT; ++j) bp[j] += 24;
+        }
       });
     }
 
@@ -377,6 +459,42 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
           }
     }
     __syncthreads();  // the partial sums are read before the next tile writes them
+  }
+}
+
+// ------------------------------------------------------------- MXFP4 packing (upload) ---
+
+// Packs `experts` experts' checkpoint blocks (uint32 words [E][out][groups][4]) into
+// Mxfp4Packing's order: packed word i = ((tile chunk) 32 + lane) 4 + 2 h + b. Grid-stride.
+__global__ void __launch_bounds__(kThreads)
+    u8_mxfp4_pack_blocks(const uint32_t* raw, int64_t experts, int out, int groups, Mxfp4Packing pk,
+                         uint32_t* packed) {
+  const int64_t total = pk.tile_chunks(experts) * kMmaLanes * 4;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int hb = int(i % 4), lane = int(i / 4 % kMmaLanes);
+    const int64_t tile_chunk = i / (4 * kMmaLanes), c = tile_chunk % pk.chunks;
+    const int64_t rt = tile_chunk / pk.chunks % pk.row_tiles,
+                  e = tile_chunk / pk.chunks / pk.row_tiles;
+    const int64_t row = 16 * rt + 8 * (hb / 2) + lane / 4, block = 2 * c + hb % 2;
+    packed[i] =
+        row < out && block < groups ? raw[((e * out + row) * groups + block) * 4 + lane % 4] : 0u;
+  }
+}
+
+// The scales (uint8 [E][out][groups]) likewise: packed byte i = ((tile chunk) 8 + g) 4 + 2 h + b.
+__global__ void __launch_bounds__(kThreads)
+    u8_mxfp4_pack_scales(const uint8_t* raw, int64_t experts, int out, int groups, Mxfp4Packing pk,
+                         uint8_t* packed) {
+  const int64_t total = pk.scale_bytes(experts);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int hb = int(i % 4), g = int(i / 4 % 8);
+    const int64_t tile_chunk = i / 32, c = tile_chunk % pk.chunks;
+    const int64_t rt = tile_chunk / pk.chunks % pk.row_tiles,
+                  e = tile_chunk / pk.chunks / pk.row_tiles;
+    const int64_t row = 16 * rt + 8 * (hb / 2) + g, block = 2 * c + hb % 2;
+    packed[i] = row < out && block < groups ? raw[(e * out + row) * groups + block] : uint8_t(0);
   }
 }
 
@@ -426,8 +544,9 @@ MoeArgs moe_args(const ExpertWeights& w, const int32_t* idx, int batch, int k, c
                         "launch_f32_moe_linear: the fused SwiGLU needs an "
                         "even output (interleaved gate/linear), got ",
                         w.out);
-  return MoeArgs{w.blocks, w.scales, w.dense,      w.bias,        w.experts, w.out, w.in,  idx,
-                 k,        x,        x_row_stride, x_slot_stride, y,         act,   alpha, limit};
+  return MoeArgs{
+      w.packed_blocks, w.packed_scales, w.dense, w.bias, w.experts, w.out, w.in, idx, k, x,
+      x_row_stride,    x_slot_stride,   y,       act,    alpha,     limit};
 }
 
 // Floats of x the step reads: the last pair's vector ends there.
@@ -436,13 +555,14 @@ int64_t moe_x_floats(int batch, int k, int x_row_stride, int x_slot_stride, int 
 }
 
 void require_mxfp4(const ExpertWeights& w, const float* x, int x_row_stride, int x_slot_stride) {
-  PARITY_DEVICE_REQUIRE(w.blocks != nullptr && w.scales != nullptr,
+  PARITY_DEVICE_REQUIRE(w.packed_blocks != nullptr && w.packed_scales != nullptr,
                         "launch_f32_moe_linear: null MXFP4 blocks or scales");
   PARITY_DEVICE_REQUIRE(w.in % 32 == 0 && x_row_stride % 32 == 0 && x_slot_stride % 32 == 0,
                         "launch_f32_moe_linear: MXFP4 input ", w.in, " and x strides ",
                         x_row_stride, ", ", x_slot_stride, " must be multiples of 32");
-  PARITY_DEVICE_REQUIRE(aligned16(w.blocks) && aligned16(x),
-                        "launch_f32_moe_linear: MXFP4 blocks and x must be 16-byte aligned");
+  PARITY_DEVICE_REQUIRE(aligned16(w.packed_blocks) && aligned16(w.packed_scales) && aligned16(x),
+                        "launch_f32_moe_linear: MXFP4 blocks, scales and x must be 16-byte "
+                        "aligned");
 }
 
 template <bool kSwiGLU, int MT, int NT>
@@ -450,11 +570,55 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
                 int64_t tiles_bound, hipStream_t stream) {
   const dim3 grid(unsigned(ceil_div(a.out, 16 * MT)),
                   unsigned(std::min<int64_t>(tiles_bound, 65535)));
-  f32_mxfp4w_moe_mma<kSwiGLU, MT, NT><<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
+  if constexpr (NT == 1) {  // pair mode takes one pair per tile
+    if (routing == nullptr) {
+      f32_mxfp4w_moe_mma<kSwiGLU, false, MT, NT>
+          <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
+      HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
+      return;
+    }
+  }
+  f32_mxfp4w_moe_mma<kSwiGLU, true, MT, NT>
+      <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
   HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
 }
 
 }  // namespace
+
+namespace {
+void require_packable(const char* launcher, const void* raw, int experts, int out, int in,
+                      const void* packed) {
+  PARITY_DEVICE_REQUIRE(raw != nullptr && packed != nullptr, launcher, ": null raw or packed");
+  PARITY_DEVICE_REQUIRE(experts > 0 && out > 0 && in > 0 && in % 32 == 0, launcher, ": experts ",
+                        experts, ", out ", out, ", in ", in,
+                        " must be positive, in a multiple of 32");
+}
+unsigned pack_grid(int64_t total) {
+  return unsigned(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535));
+}
+}  // namespace
+
+void launch_u8_mxfp4_pack_blocks(const uint8_t* raw_blocks, int experts, int out, int in,
+                                 uint8_t* packed_blocks, hipStream_t stream) {
+  require_packable("launch_u8_mxfp4_pack_blocks", raw_blocks, experts, out, in, packed_blocks);
+  PARITY_DEVICE_REQUIRE(aligned16(raw_blocks) && aligned16(packed_blocks),
+                        "launch_u8_mxfp4_pack_blocks: raw and packed blocks must be 16-byte "
+                        "aligned");
+  const Mxfp4Packing pk(out, in);
+  u8_mxfp4_pack_blocks<<<pack_grid(pk.block_bytes(experts) / 4), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint32_t*>(raw_blocks), experts, out, in / 32, pk,
+      reinterpret_cast<uint32_t*>(packed_blocks));
+  HIP_LAUNCH_CHECK("u8_mxfp4_pack_blocks", stream);
+}
+
+void launch_u8_mxfp4_pack_scales(const uint8_t* raw_scales, int experts, int out, int in,
+                                 uint8_t* packed_scales, hipStream_t stream) {
+  require_packable("launch_u8_mxfp4_pack_scales", raw_scales, experts, out, in, packed_scales);
+  const Mxfp4Packing pk(out, in);
+  u8_mxfp4_pack_scales<<<pack_grid(pk.scale_bytes(experts)), kThreads, 0, stream>>>(
+      raw_scales, experts, out, in / 32, pk, packed_scales);
+  HIP_LAUNCH_CHECK("u8_mxfp4_pack_scales", stream);
+}
 
 size_t moe_routing_ints(int64_t pairs, int experts) {
   return size_t(pairs) + 2 * (size_t(experts) + 2);

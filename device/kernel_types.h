@@ -24,11 +24,39 @@ struct Matrix {
   int rows = 0, cols = 0;
 };
 
+// MXFP4 expert weights as the MMA kernels read them (device/experts.hip), packed once on the
+// device (launch_u8_mxfp4_pack_blocks / _scales) from the checkpoint's blocks [E, out, in / 32,
+// 16] and scales [E, out, in / 32]: in the order in which the 32 lanes of a 16-row tile consume
+// them, so that a lane's codes of one chunk (two blocks of 32 inputs) are one 16-byte load and a
+// warp's loads are 512 contiguous bytes, its scales one 32-bit load. Rows are padded to whole
+// tiles of 16 and blocks to whole chunks of two; padding is zero and never reaches a written
+// result. With lane = 4 g + t (g < 8, t < 4), h, b < 2:
+//   blocks: [E][row tile][chunk][lane][h][b] uint32: word t (codes 8t .. 8t+7) of block
+//           2 chunk + b of row 16 tile + 8 h + g
+//   scales: [E][row tile][chunk][g][h][b] uint8: the E8M0 scale of that row's block
+// Only the bytes move: the kernel multiplies the same codes by the same inputs in the same order.
+struct Mxfp4Packing {
+  int64_t row_tiles = 0, chunks = 0;
+  PARITY_HOST_DEVICE Mxfp4Packing(int out, int in)
+      : row_tiles((int64_t(out) + 15) / 16), chunks((int64_t(in) / 32 + 1) / 2) {}
+  static constexpr int64_t kTileChunkBytes = 512;      // codes of one row tile's chunk
+  static constexpr int64_t kTileChunkScaleBytes = 32;  // its scales
+  PARITY_HOST_DEVICE int64_t tile_chunks(int64_t experts) const {
+    return experts * row_tiles * chunks;
+  }
+  PARITY_HOST_DEVICE int64_t block_bytes(int64_t experts) const {
+    return tile_chunks(experts) * kTileChunkBytes;
+  }
+  PARITY_HOST_DEVICE int64_t scale_bytes(int64_t experts) const {
+    return tile_chunks(experts) * kTileChunkScaleBytes;
+  }
+};
+
 // Expert weights of one layer projection: W[e] is [out, in] mathematically.
 struct ExpertWeights {
   bool mxfp4 = true;
-  const uint8_t* blocks = nullptr;  // mxfp4: [E, out, in / 32, 16]
-  const uint8_t* scales = nullptr;  // mxfp4: [E, out, in / 32] (E8M0)
+  const uint8_t* packed_blocks = nullptr;  // mxfp4: Mxfp4Packing's blocks
+  const uint8_t* packed_scales = nullptr;  // mxfp4: Mxfp4Packing's scales (E8M0)
   WeightType dense_type = WeightType::bf16;
   const void* dense = nullptr;  // dense: [E, in, out] (input-major, transformers layout)
   const float* bias = nullptr;  // [E, out]

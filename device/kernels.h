@@ -145,12 +145,13 @@ void launch_f32_router(const Matrix& weight, const float* bias, const float* x, 
 // device memory. x row of slot s of row r is x + r * x_row_stride + s * x_slot_stride.
 // With `act` (mlp1): also act[r][s][i] = swiglu(y[2i], y[2i + 1]) (see launch_f32_swiglu).
 // y (B, k, out); act (B, k, out / 2). An invalid expert index gives NaN outputs for its pair.
-// MXFP4 weights run on MMA tiles (BF16 products, float32 accumulation) with x split into three
-// BF16 parts that sum to it exactly (into ws.split, at least split_bf16x3_words(floats of x the
-// step reads)); steps of more than a few pairs first sort the pairs by expert into ws.routing
-// (at least moe_routing_ints(B k, experts)) so that each expert's weights are read once per tile
-// of pairs. Every output is the same sequence of MMA steps whatever the step's size: a row's
-// result does not depend on the batch. Workspace contents are scratch.
+// MXFP4 weights (packed: launch_u8_mxfp4_pack_blocks / _scales) run on MMA tiles (BF16
+// products, float32 accumulation) with x split into three BF16 parts that sum to it exactly
+// (into ws.split, at least split_bf16x3_words(floats of x the step reads)); steps of more than
+// a few pairs first sort the pairs by expert into ws.routing (at least moe_routing_ints(B k,
+// experts)) so that each expert's weights are read once per tile of pairs. Every output is the
+// same sequence of MMA steps whatever the step's size: a row's result does not depend on the
+// batch. Workspace contents are scratch.
 struct MoeWorkspace {
   std::span<int32_t> routing;
   std::span<uint32_t> split;
@@ -160,6 +161,15 @@ void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch
                            const float* x, int x_row_stride, int x_slot_stride, float* y,
                            float* act, float alpha, float limit, const MoeWorkspace& ws,
                            hipStream_t stream);
+// MXFP4 expert weights into the layout the MMA kernel reads (Mxfp4Packing, kernel_types.h):
+// `experts` experts' checkpoint blocks [E, out, in / 32, 16] (16-byte aligned) into
+// Mxfp4Packing(out, in).block_bytes(experts) bytes, and their scales [E, out, in / 32] into
+// scale_bytes(experts) bytes; in a multiple of 32. The weights are uploaded as stored and
+// packed on the device (device/runtime/device_weights.cpp); the raw buffers may then be freed.
+void launch_u8_mxfp4_pack_blocks(const uint8_t* raw_blocks, int experts, int out, int in,
+                                 uint8_t* packed_blocks, hipStream_t stream);
+void launch_u8_mxfp4_pack_scales(const uint8_t* raw_scales, int experts, int out, int in,
+                                 uint8_t* packed_scales, hipStream_t stream);
 // Int32 elements of the routing workspace for `pairs` (row, slot) pairs over `experts` experts:
 // pairs + 2 (experts + 2). (device/runtime/arena_layout.cpp sizes the arena's by this formula.)
 size_t moe_routing_ints(int64_t pairs, int experts);

@@ -47,6 +47,8 @@ class DeviceKernels : public ::testing::Test {
 // ------------------------------------------------------------------------------ helpers ---
 
 using test::download;
+using test::pack_mxfp4;
+using test::PackedMxfp4;
 using test::upload;
 
 // An output of n floats, poisoned with NaN, followed by kGuard sentinels.
@@ -1136,11 +1138,12 @@ class MoeCase {
     const std::vector<float> x = random_floats(rng, size_t(rows_) * x_row, -1, 1);
 
     ExpertWeights dw;
-    DeviceBuffer dblocks = upload(blocks), dscales = upload(scales), ddense = upload(dense.bytes),
-                 dbias = upload(bias.values), didx = upload(idx), dx = upload(x);
+    DeviceBuffer ddense = upload(dense.bytes), dbias = upload(bias.values), didx = upload(idx),
+                 dx = upload(x);
+    const PackedMxfp4 packed = dense_ ? PackedMxfp4{} : pack_mxfp4(blocks, scales, E, out_, in_);
     dw.mxfp4 = !dense_;
-    dw.blocks = dblocks.as<uint8_t>();
-    dw.scales = dscales.as<uint8_t>();
+    dw.packed_blocks = packed.blocks.as<uint8_t>();
+    dw.packed_scales = packed.scales.as<uint8_t>();
     dw.dense_type = dense_type_;
     dw.dense = ddense.as();
     dw.bias = dbias.as<float>();
@@ -1217,11 +1220,11 @@ TEST_F(DeviceKernels, MoeInvalidExpertIndexWritesNaNNotGarbage) {
   std::vector<uint8_t> blocks(size_t(E) * out * 16, 0x11), scales(size_t(E) * out, 127);
   std::vector<float> bias(size_t(E) * out, 0.5f), x(in, 1.0f);
   std::vector<int32_t> idx = {E};  // out of range
-  DeviceBuffer db = upload(blocks), ds = upload(scales), dbias = upload(bias), dx = upload(x),
-               di = upload(idx);
+  const PackedMxfp4 packed = pack_mxfp4(blocks, scales, E, out, in);
+  DeviceBuffer dbias = upload(bias), dx = upload(x), di = upload(idx);
   ExpertWeights w;
-  w.blocks = db.as<uint8_t>();
-  w.scales = ds.as<uint8_t>();
+  w.packed_blocks = packed.blocks.as<uint8_t>();
+  w.packed_scales = packed.scales.as<uint8_t>();
   w.bias = dbias.as<float>();
   w.experts = E, w.out = out, w.in = in;
   Output y(static_cast<size_t>(out)), act(size_t(out / 2));
@@ -1230,6 +1233,75 @@ TEST_F(DeviceKernels, MoeInvalidExpertIndexWritesNaNNotGarbage) {
                         1.702f, 7.0f, scratch.ws(), nullptr);
   for (float v : y.fetch()) EXPECT_TRUE(std::isnan(v));
   for (float v : act.fetch()) EXPECT_TRUE(std::isnan(v));
+}
+
+// The packing the kernel reads (Mxfp4Packing): every packed byte is the checkpoint byte the
+// layout names, padding rows and blocks are zero, and the pack of a few experts at a time (as
+// the upload stages them) writes the same bytes as the pack of all at once.
+TEST_F(DeviceKernels, Mxfp4PackingPlacesEveryByteWhereTheKernelReadsIt) {
+  struct Shape {
+    int experts, out, in;
+  };
+  for (const Shape sh :
+       {Shape{3, 48, 128}, Shape{2, 33, 96}, Shape{1, 5, 32}, Shape{2, 70, 3616}}) {
+    SCOPED_TRACE(fmt::format("experts={} out={} in={}", sh.experts, sh.out, sh.in));
+    std::mt19937_64 rng(61 + uint64_t(sh.out));
+    const int G = sh.in / 32;
+    std::vector<uint8_t> blocks(size_t(sh.experts) * sh.out * G * 16),
+        scales(size_t(sh.experts) * sh.out * G);
+    for (auto& b : blocks) b = uint8_t(rng() % 255 + 1);  // never zero: padding is told apart
+    for (auto& b : scales) b = uint8_t(rng() % 255 + 1);
+    const PackedMxfp4 p = pack_mxfp4(blocks, scales, sh.experts, sh.out, sh.in);
+    const Mxfp4Packing pk(sh.out, sh.in);
+    const std::vector<uint8_t> got_blocks =
+        download<uint8_t>(p.blocks, size_t(pk.block_bytes(sh.experts)));
+    const std::vector<uint8_t> got_scales =
+        download<uint8_t>(p.scales, size_t(pk.scale_bytes(sh.experts)));
+    int64_t wrong = 0;
+    for (int e = 0; e < sh.experts; ++e)
+      for (int64_t rt = 0; rt < pk.row_tiles; ++rt)
+        for (int64_t c = 0; c < pk.chunks; ++c)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int h = 0; h < 2; ++h)
+              for (int b = 0; b < 2; ++b) {
+                const int64_t tc = (e * pk.row_tiles + rt) * pk.chunks + c;
+                const int64_t row = 16 * rt + 8 * h + lane / 4, block = 2 * c + b;
+                const bool real = row < sh.out && block < G;
+                for (int byte = 0; byte < 4; ++byte) {
+                  const size_t at = size_t(((tc * 32 + lane) * 4 + 2 * h + b) * 4 + byte);
+                  const uint8_t want = real ? blocks[size_t(((e * sh.out + row) * G + block) * 16 +
+                                                            4 * (lane % 4) + byte)]
+                                            : 0;
+                  wrong += got_blocks[at] != want;
+                }
+                if (lane % 4 == 0) {
+                  const size_t at = size_t((tc * 8 + lane / 4) * 4 + 2 * h + b);
+                  wrong +=
+                      got_scales[at] != (real ? scales[size_t((e * sh.out + row) * G + block)] : 0);
+                }
+              }
+    EXPECT_EQ(wrong, 0);
+    if (sh.experts > 1) {  // expert 1 alone, packed from its own bytes, lands at its offset
+      const size_t raw_b = blocks.size() / size_t(sh.experts),
+                   raw_s = scales.size() / size_t(sh.experts);
+      const PackedMxfp4 one = pack_mxfp4(
+          std::vector<uint8_t>(blocks.begin() + long(raw_b), blocks.begin() + long(2 * raw_b)),
+          std::vector<uint8_t>(scales.begin() + long(raw_s), scales.begin() + long(2 * raw_s)), 1,
+          sh.out, sh.in);
+      const std::vector<uint8_t> one_b = download<uint8_t>(one.blocks, size_t(pk.block_bytes(1)));
+      const std::vector<uint8_t> one_s = download<uint8_t>(one.scales, size_t(pk.scale_bytes(1)));
+      EXPECT_TRUE(std::equal(one_b.begin(), one_b.end(), got_blocks.begin() + pk.block_bytes(1)));
+      EXPECT_TRUE(std::equal(one_s.begin(), one_s.end(), got_scales.begin() + pk.scale_bytes(1)));
+    }
+  }
+  // Bad arguments are refused with the launcher's name.
+  DeviceBuffer d(64);
+  EXPECT_THROW(launch_u8_mxfp4_pack_blocks(nullptr, 1, 16, 32, d.as<uint8_t>(), nullptr),
+               parity::Error);
+  EXPECT_THROW(launch_u8_mxfp4_pack_scales(d.as<uint8_t>(), 1, 16, 48, d.as<uint8_t>(), nullptr),
+               parity::Error);
+  EXPECT_THROW(launch_u8_mxfp4_pack_blocks(d.as<uint8_t>(), 0, 16, 32, d.as<uint8_t>(), nullptr),
+               parity::Error);
 }
 
 // The MXFP4 expert linear's tilings against each other: pair mode (one pair per tile, pair
@@ -1280,10 +1352,11 @@ class MoeTilingCase {
     std::uniform_int_distribution<int> sc(scale_lo_, scale_hi_);
     for (auto& s : scales) s = uint8_t(sc(rng));
     const std::vector<float> bias = random_floats(rng, size_t(E) * out_, -1, 1);
-    DeviceBuffer dblocks = upload(blocks), dscales = upload(scales), dbias = upload(bias);
+    const PackedMxfp4 packed = pack_mxfp4(blocks, scales, E, out_, in_);
+    DeviceBuffer dbias = upload(bias);
     ExpertWeights w;
-    w.blocks = dblocks.as<uint8_t>();
-    w.scales = dscales.as<uint8_t>();
+    w.packed_blocks = packed.blocks.as<uint8_t>();
+    w.packed_scales = packed.scales.as<uint8_t>();
     w.bias = dbias.as<float>();
     w.experts = E, w.out = out_, w.in = in_;
     for (const int rows : batches) {
@@ -1499,7 +1572,7 @@ TEST_F(DeviceKernels, LaunchersRejectBadArguments) {
       launch_f32_gemv_bias({&seg64, 1}, x.as<float>(), 32, 1, x.as<float>(), 1, {}, {}, nullptr),
       parity::Error);
   ExpertWeights ew;
-  ew.blocks = w.as<uint8_t>(), ew.scales = w.as<uint8_t>(), ew.bias = x.as<float>();
+  ew.packed_blocks = w.as<uint8_t>(), ew.packed_scales = w.as<uint8_t>(), ew.bias = x.as<float>();
   ew.experts = 1, ew.out = 2, ew.in = 48;  // not a multiple of 32
   const MoeScratch big(64, 1, 64 * 32);
   EXPECT_THROW(launch_f32_moe_linear(ew, reinterpret_cast<const int32_t*>(x.as()), 1, 1,

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device/kernel_types.h"
@@ -21,6 +22,8 @@
 #include "device/runtime/memory_report.h"
 #include "device/runtime/options.h"
 #include "device/runtime/step_layout.h"
+#include "device/runtime/weight_plan.h"
+#include "model/checkpoint.h"
 #include "model/error.h"
 #include "model/synth.h"
 #include "tests/test_util.h"
@@ -401,6 +404,43 @@ TEST(ArenaLayout, SplitKeysBoundTheWorkspace) {
   a.head_dim = 64;
   a.max_context = 4096;
   EXPECT_EQ(attention_workspace_floats(a, 2), size_t(2 * 16 * 64 * 64));
+}
+
+// ------------------------------------------------------------------------ weight plan ---
+
+// MXFP4 experts go to the device packed for the MMA kernel (Mxfp4Packing): rows padded to tiles
+// of 16, blocks to chunks of two; shapes already whole (the 20b's, the tiny model's) keep their
+// size, so the device footprint of the real models does not change.
+TEST(WeightPlan, PacksMxfp4ExpertsIntoWholeTilesAndChunks) {
+  const Mxfp4Packing odd(33, 96);  // 3 row tiles, 3 blocks -> 2 chunks
+  EXPECT_EQ(odd.row_tiles, 3);
+  EXPECT_EQ(odd.chunks, 2);
+  EXPECT_EQ(odd.block_bytes(2), 2 * 3 * 2 * 512);
+  EXPECT_EQ(odd.scale_bytes(2), 2 * 3 * 2 * 32);
+  for (const auto& [out, in] : {std::pair{5760, 2880}, std::pair{2880, 2880}}) {
+    const Mxfp4Packing pk(out, in);  // the 20b's and 120b's gate_up and down
+    EXPECT_EQ(pk.block_bytes(32), int64_t(32) * out * (in / 32) * 16);
+    EXPECT_EQ(pk.scale_bytes(32), int64_t(32) * out * (in / 32));
+  }
+  const auto model = Model::load(test::tiny_model_dir());
+  const WeightPlan plan = plan_weights(*model);
+  int packed = 0;
+  for (const auto& l : model->layers)
+    for (const ExpertLinear* w : {&l.mlp1, &l.mlp2}) {
+      const WeightEntry& b = plan.find(w->blocks);
+      const WeightEntry& sc = plan.find(w->scales);
+      EXPECT_EQ(b.pack, WeightEntry::Pack::mxfp4_blocks);
+      EXPECT_EQ(sc.pack, WeightEntry::Pack::mxfp4_scales);
+      const Mxfp4Packing pk(w->out, w->in);
+      EXPECT_EQ(b.bytes, size_t(pk.block_bytes(w->experts)));
+      EXPECT_EQ(sc.bytes, size_t(pk.scale_bytes(w->experts)));
+      EXPECT_EQ(b.bytes, w->blocks->nbytes);  // the tiny model's shapes are whole tiles
+      EXPECT_EQ(b.experts, w->experts);
+      EXPECT_EQ(b.offset % 256, 0u);
+      packed += 2;
+    }
+  EXPECT_EQ(packed, 4 * model->config.num_hidden_layers);
+  EXPECT_EQ(plan.find(model->lm_head.weight).pack, WeightEntry::Pack::none);
 }
 
 // ---------------------------------------------------------------------- memory report ---

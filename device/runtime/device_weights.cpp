@@ -1,16 +1,53 @@
 #include "device/runtime/device_weights.h"
 
+#include <algorithm>
+
 #include "device/hip_compat.h"
+#include "device/kernels.h"
 #include "model/config.h"
 
 namespace parity::device {
 
+namespace {
+
+// Bytes of the staging buffer through which packed tensors go to the device, a few experts at a
+// time (at least one expert whatever its size).
+constexpr size_t kPackStagingBytes = size_t(64) << 20;
+
+// Uploads a packed entry's tensor (checkpoint layout, expert-major) through `staging` and packs
+// it into dst, as many whole experts per copy as the staging buffer holds.
+void upload_packed(const WeightEntry& e, char* dst, DeviceBuffer& staging) {
+  const size_t raw_per_expert = e.tensor->nbytes / size_t(e.experts);
+  const Mxfp4Packing pk(e.out, e.in);
+  const bool blocks = e.pack == WeightEntry::Pack::mxfp4_blocks;
+  const size_t packed_per_expert = size_t(blocks ? pk.block_bytes(1) : pk.scale_bytes(1));
+  const int per_copy = int(std::max<size_t>(1, kPackStagingBytes / raw_per_expert));
+  if (staging.bytes() < size_t(per_copy) * raw_per_expert)
+    staging.allocate(size_t(per_copy) * raw_per_expert);
+  for (int e0 = 0; e0 < e.experts; e0 += per_copy) {
+    const int n = std::min(per_copy, e.experts - e0);
+    HIP_CHECK(hipMemcpy(staging.as(), e.tensor->data + size_t(e0) * raw_per_expert,
+                        size_t(n) * raw_per_expert, hipMemcpyHostToDevice));
+    uint8_t* out = reinterpret_cast<uint8_t*>(dst + size_t(e0) * packed_per_expert);
+    if (blocks)
+      launch_u8_mxfp4_pack_blocks(staging.as<uint8_t>(), n, e.out, e.in, out, nullptr);
+    else
+      launch_u8_mxfp4_pack_scales(staging.as<uint8_t>(), n, e.out, e.in, out, nullptr);
+    HIP_CHECK(hipDeviceSynchronize());  // the staging buffer is reused next
+  }
+}
+
+}  // namespace
+
 DeviceWeights::DeviceWeights(const Model& m, WeightPlan plan) : plan_(std::move(plan)) {
   buffer_.allocate(plan_.total);
   std::vector<float> converted;
+  DeviceBuffer staging;
   for (const auto& e : plan_.entries) {
     char* dst = buffer_.as<char>(e.offset);
-    if (e.to_f32) {
+    if (e.pack != WeightEntry::Pack::none) {
+      upload_packed(e, dst, staging);
+    } else if (e.to_f32) {
       converted.resize(size_t(e.tensor->numel()));
       read_vector(*e.tensor, converted.data());
       HIP_CHECK(hipMemcpy(dst, converted.data(), e.bytes, hipMemcpyHostToDevice));
@@ -67,8 +104,8 @@ ExpertWeights DeviceWeights::experts(const ExpertLinear& w) const {
   e.in = w.in;
   e.bias = weight_f32(w.bias);
   if (e.mxfp4) {
-    e.blocks = static_cast<const uint8_t*>(weight(w.blocks));
-    e.scales = static_cast<const uint8_t*>(weight(w.scales));
+    e.packed_blocks = static_cast<const uint8_t*>(weight(w.blocks));
+    e.packed_scales = static_cast<const uint8_t*>(weight(w.scales));
   } else {
     e.dense_type = weight_type_of(*w.dense);
     e.dense = weight(w.dense);

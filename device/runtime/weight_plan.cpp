@@ -27,7 +27,9 @@ const WeightEntry& WeightPlan::find(const TensorView* t) const {
 
 WeightPlan plan_weights(const Model& m) {
   WeightPlan p;
-  auto place = [&](const TensorView* t, bool to_f32, const std::string& kind) {
+  auto place = [&](const TensorView* t, bool to_f32, const std::string& kind,
+                   const ExpertLinear* packed = nullptr,
+                   WeightEntry::Pack pack = WeightEntry::Pack::none) {
     if (t == nullptr) return;
     for (const auto& e : p.entries)
       if (e.tensor == t) return;  // placed once
@@ -35,6 +37,13 @@ WeightPlan plan_weights(const Model& m) {
     e.tensor = t;
     e.to_f32 = to_f32;
     e.bytes = to_f32 ? size_t(t->numel()) * sizeof(float) : t->nbytes;
+    if (packed != nullptr) {
+      e.pack = pack;
+      e.experts = packed->experts, e.out = packed->out, e.in = packed->in;
+      const Mxfp4Packing pk(e.out, e.in);
+      e.bytes = size_t(pack == WeightEntry::Pack::mxfp4_blocks ? pk.block_bytes(e.experts)
+                                                               : pk.scale_bytes(e.experts));
+    }
     if (to_f32 && !(t->dtype == DType::BF16 || t->dtype == DType::F16 || t->dtype == DType::F32))
       weight_type_of(*t);  // throws with the tensor's name
     e.offset = p.total;
@@ -57,8 +66,10 @@ WeightPlan plan_weights(const Model& m) {
   };
   auto experts = [&](const ExpertLinear& w) {
     if (w.layout == ExpertLayout::Mxfp4) {
-      place(w.blocks, false, "U8 (MXFP4 blocks + scales)");
-      place(w.scales, false, "U8 (MXFP4 blocks + scales)");
+      place(w.blocks, false, "U8 (MXFP4 blocks + scales, packed)", &w,
+            WeightEntry::Pack::mxfp4_blocks);
+      place(w.scales, false, "U8 (MXFP4 blocks + scales, packed)", &w,
+            WeightEntry::Pack::mxfp4_scales);
     } else {
       raw(w.dense);
     }
