@@ -473,12 +473,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int hb = int(i % 4), lane = int(i / 4 % kMmaLanes);
-    const int64_t tile_chunk = i / (4 * kMmaLanes), c = tile_chunk % pk.chunks;
-    const int64_t rt = tile_chunk / pk.chunks % pk.row_tiles,
-                  e = tile_chunk / pk.chunks / pk.row_tiles;
-    const int64_t row = 16 * rt + 8 * (hb / 2) + lane / 4, block = 2 * c + hb % 2;
-    packed[i] =
-        row < out && block < groups ? raw[((e * out + row) * groups + block) * 4 + lane % 4] : 0u;
+    const Mxfp4Packing::Source src = pk.source(i / (4 * kMmaLanes), lane / 4, hb / 2, hb % 2);
+    packed[i] = src.row < out && src.block < groups
+                    ? raw[((src.e * out + src.row) * groups + src.block) * 4 + lane % 4]
+                    : 0u;
   }
 }
 
@@ -489,12 +487,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t total = pk.scale_bytes(experts);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int hb = int(i % 4), g = int(i / 4 % 8);
-    const int64_t tile_chunk = i / 32, c = tile_chunk % pk.chunks;
-    const int64_t rt = tile_chunk / pk.chunks % pk.row_tiles,
-                  e = tile_chunk / pk.chunks / pk.row_tiles;
-    const int64_t row = 16 * rt + 8 * (hb / 2) + g, block = 2 * c + hb % 2;
-    packed[i] = row < out && block < groups ? raw[(e * out + row) * groups + block] : uint8_t(0);
+    const int hb = int(i % 4);
+    const Mxfp4Packing::Source src = pk.source(i / 32, int(i / 4 % 8), hb / 2, hb % 2);
+    packed[i] = src.row < out && src.block < groups
+                    ? raw[(src.e * out + src.row) * groups + src.block]
+                    : uint8_t(0);
   }
 }
 

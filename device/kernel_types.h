@@ -50,6 +50,15 @@ struct Mxfp4Packing {
   PARITY_HOST_DEVICE int64_t scale_bytes(int64_t experts) const {
     return tile_chunks(experts) * kTileChunkScaleBytes;
   }
+  // Where the packed entry (h, b) of row group g in tile chunk `tile_chunk` (counted over the
+  // experts) comes from: expert e, row, block; a row >= out or a block >= in / 32 is padding.
+  struct Source {
+    int64_t e, row, block;
+  };
+  PARITY_HOST_DEVICE Source source(int64_t tile_chunk, int g, int h, int b) const {
+    const int64_t c = tile_chunk % chunks, rt = tile_chunk / chunks % row_tiles;
+    return {tile_chunk / chunks / row_tiles, 16 * rt + 8 * h + g, 2 * c + b};
+  }
 };
 
 // Expert weights of one layer projection: W[e] is [out, in] mathematically.
