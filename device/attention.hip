@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "device/device_math.h"
+#include "device/split_inputs.h"
 
 namespace parity::device {
 namespace {
@@ -138,7 +139,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(1024)
     f32_attention_pv_gqa(AttentionShape a, KvCacheView kv, int split_keys, int max_splits, int tile,
                          const StepRow* __restrict__ rows, const float* __restrict__ probs,
-                         float* __restrict__ workspace, float* __restrict__ out) {
+                         float* __restrict__ workspace, float* __restrict__ out,
+                         uint32_t* __restrict__ out_split) {
   extern __shared__ float smem[];
   const int r = int(blockIdx.z), kvh = int(blockIdx.y), s = int(blockIdx.x);
   const int pos = rows[r].pos, cols = pos + 2;
@@ -214,17 +216,20 @@ __global__ void __launch_bounds__(1024)
     __syncthreads();  // the tile is read before the next one overwrites it
   }
   if (!computes) return;
-  if (splits == 1)
-    out[(int64_t(r) * a.n_heads + h) * d + i] = acc;
-  else
+  if (splits == 1) {
+    const int64_t f = (int64_t(r) * a.n_heads + h) * d + i;
+    out[f] = acc;
+    if (out_split != nullptr) split_bf16x3_write1(acc, out_split, f);
+  } else {
     workspace[((int64_t(r) * max_splits + s) * a.n_heads + h) * d + i] = acc;
+  }
 }
 
 // grid (B): rows with several splits add their partial sums in split order.
 __global__ void __launch_bounds__(kThreads)
     f32_attention_pv_combine(AttentionShape a, int split_keys, int max_splits,
                              const StepRow* __restrict__ rows, const float* __restrict__ workspace,
-                             float* __restrict__ out) {
+                             float* __restrict__ out, uint32_t* __restrict__ out_split) {
   const int r = int(blockIdx.x);
   const int splits = (rows[r].pos + split_keys) / split_keys;
   if (splits == 1) return;
@@ -233,6 +238,7 @@ __global__ void __launch_bounds__(kThreads)
     float acc = 0.0f;
     for (int s = 0; s < splits; ++s) acc += workspace[(int64_t(r) * max_splits + s) * n + t];
     out[int64_t(r) * n + t] = acc;
+    if (out_split != nullptr) split_bf16x3_write1(acc, out_split, int64_t(r) * n + t);
   }
 }
 
@@ -299,7 +305,7 @@ void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, c
 
 void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
                              int batch, int max_pos, const float* probs, float* workspace,
-                             float* out, hipStream_t stream) {
+                             float* out, std::span<uint32_t> out_split, hipStream_t stream) {
   check_shape(a, "launch_f32_attention_pv");
   check_kv(a, kv, "launch_f32_attention_pv");
   PARITY_DEVICE_REQUIRE(rows != nullptr && probs != nullptr && out != nullptr && batch > 0,
@@ -307,17 +313,27 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
   PARITY_DEVICE_REQUIRE(max_pos >= 0 && max_pos < a.max_context,
                         "launch_f32_attention_pv: ", "position ", max_pos, " outside the cache of ",
                         a.max_context);
+  if (!out_split.empty())
+    PARITY_DEVICE_REQUIRE(attention_out_writes_split(a) &&
+                              reinterpret_cast<uintptr_t>(out_split.data()) % 16 == 0 &&
+                              out_split.size() >= split_bf16x3_words(int64_t(batch) * a.n_heads *
+                                                                     a.head_dim),
+                          "launch_f32_attention_pv: the output's split needs nH d (", a.n_heads,
+                          " x ", a.head_dim, ") a multiple of 32 and ",
+                          split_bf16x3_words(int64_t(batch) * a.n_heads * a.head_dim),
+                          " words (16-byte aligned); the scratch holds ", out_split.size());
+  uint32_t* const split = out_split.empty() ? nullptr : out_split.data();
   const int g = a.n_heads / a.n_kv;
   const int warp = device_warp_size();
   const int threads = ceil_div(g * a.head_dim, warp) * warp;
   PARITY_DEVICE_REQUIRE(threads <= 1024, "launch_f32_attention_pv: ", g,
                         " heads per KV head of dimension ", a.head_dim,
                         " exceed one block of 1024 threads");
-  const int split = attention_split_keys(a.max_context);
-  const int max_splits = ceil_div(a.max_context, split);
-  const int splits = ceil_div(max_pos + 1, split);
+  const int split_keys = attention_split_keys(a.max_context);
+  const int max_splits = ceil_div(a.max_context, split_keys);
+  const int splits = ceil_div(max_pos + 1, split_keys);
   PARITY_DEVICE_REQUIRE(splits == 1 || workspace != nullptr,
-                        "launch_f32_attention_pv: positions past ", split,
+                        "launch_f32_attention_pv: positions past ", split_keys,
                         " keys need the split workspace");
   // Keys per shared-memory tile: as many as a thread's share of the loads covers (kPvMaxQuads
   // value units and kPvMaxProbs probabilities per thread), at most kPvTile.
@@ -329,12 +345,12 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
   PARITY_DEVICE_REQUIRE(smem <= 48 * 1024, "launch_f32_attention_pv: a tile of ", tile,
                         " keys needs ", smem, " bytes of shared memory (limit 48 KiB)");
   const dim3 grid(unsigned(splits), unsigned(a.n_kv), unsigned(batch));
-  f32_attention_pv_gqa<<<grid, threads, smem, stream>>>(a, kv, split, max_splits, tile, rows, probs,
-                                                        workspace, out);
+  f32_attention_pv_gqa<<<grid, threads, smem, stream>>>(a, kv, split_keys, max_splits, tile, rows,
+                                                        probs, workspace, out, split);
   HIP_LAUNCH_CHECK("f32_attention_pv_gqa", stream);
   if (splits > 1) {
-    f32_attention_pv_combine<<<batch, kThreads, 0, stream>>>(a, split, max_splits, rows, workspace,
-                                                             out);
+    f32_attention_pv_combine<<<batch, kThreads, 0, stream>>>(a, split_keys, max_splits, rows,
+                                                             workspace, out, split);
     HIP_LAUNCH_CHECK("f32_attention_pv_combine", stream);
   }
 }

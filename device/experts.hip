@@ -29,6 +29,7 @@
 
 #include "device/device_math.h"
 #include "device/mma_tiles.h"
+#include "device/split_inputs.h"
 
 namespace parity::device {
 namespace {
@@ -48,14 +49,23 @@ struct MoeArgs {
   float* y;
   float* act;
   float alpha, limit;
+  uint32_t* act_split;  // act's split into BF16 parts (MoeWorkspace::act_split), or null
 };
+
+// act[p][unit] = value, and its split when asked for (the flat index of mlp2's input).
+__device__ __forceinline__ void write_act(const MoeArgs& a, int64_t row_slot, int unit,
+                                          float value) {
+  const int64_t f = row_slot * (a.out / 2) + unit;
+  a.act[f] = value;
+  if (a.act_split != nullptr) split_bf16x3_write1(value, a.act_split, f);
+}
 
 // Writes the outputs of one (row, slot, unit) when its expert index is invalid: NaN, visibly.
 __device__ void write_invalid(const MoeArgs& a, int64_t row_slot, int j0, int unit, bool swiglu) {
   a.y[row_slot * a.out + j0] = NAN;
   if (swiglu) {
     a.y[row_slot * a.out + j0 + 1] = NAN;
-    if (a.act != nullptr) a.act[row_slot * (a.out / 2) + unit] = NAN;
+    if (a.act != nullptr) write_act(a, row_slot, unit, NAN);
   }
 }
 
@@ -66,8 +76,7 @@ __device__ void write_outputs(const MoeArgs& a, int e, int64_t row_slot, int j0,
   if (swiglu) {
     const float h1 = acc1 + a.bias[int64_t(e) * a.out + j0 + 1];
     a.y[row_slot * a.out + j0 + 1] = h1;
-    if (a.act != nullptr)
-      a.act[row_slot * (a.out / 2) + unit] = swiglu_oai(h0, h1, a.alpha, a.limit);
+    if (a.act != nullptr) write_act(a, row_slot, unit, swiglu_oai(h0, h1, a.alpha, a.limit));
   }
 }
 
@@ -453,7 +462,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
                 // Gate 2i and linear 2i + 1 sit in lanes g and g + 1 (lane + 4).
                 const float lin = __shfl_xor(v, 4);
                 if (live && g % 2 == 0 && a.act != nullptr)
-                  a.act[p * (a.out / 2) + row / 2] = swiglu_oai(v, lin, a.alpha, a.limit);
+                  write_act(a, p, row / 2, swiglu_oai(v, lin, a.alpha, a.limit));
               }
             }
           }
@@ -527,7 +536,7 @@ bool aligned16(const void* p) {
 // The checks every launcher of the expert linear makes, and its arguments.
 MoeArgs moe_args(const ExpertWeights& w, const int32_t* idx, int batch, int k, const float* x,
                  int x_row_stride, int x_slot_stride, float* y, float* act, float alpha,
-                 float limit) {
+                 float limit, const MoeWorkspace& ws) {
   PARITY_DEVICE_REQUIRE(idx != nullptr && x != nullptr && y != nullptr && w.bias != nullptr,
                         "launch_f32_moe_linear: null idx, x, y or bias");
   PARITY_DEVICE_REQUIRE(batch > 0 && k > 0, "launch_f32_moe_linear: batch ", batch, " and k ", k,
@@ -541,9 +550,20 @@ MoeArgs moe_args(const ExpertWeights& w, const int32_t* idx, int batch, int k, c
                         "launch_f32_moe_linear: the fused SwiGLU needs an "
                         "even output (interleaved gate/linear), got ",
                         w.out);
-  return MoeArgs{
-      w.packed_blocks, w.packed_scales, w.dense, w.bias, w.experts, w.out, w.in, idx, k, x,
-      x_row_stride,    x_slot_stride,   y,       act,    alpha,     limit};
+  const bool act_split = act != nullptr && !ws.act_split.empty();
+  if (act_split)
+    PARITY_DEVICE_REQUIRE(moe_writes_act_split(w.out) && aligned16(ws.act_split.data()) &&
+                              ws.act_split.size() >=
+                                  split_bf16x3_words(int64_t(batch) * k * (w.out / 2)),
+                          "launch_f32_moe_linear: the activation's split needs out / 2 (",
+                          w.out / 2, ") a multiple of 32 and ",
+                          split_bf16x3_words(int64_t(batch) * k * (w.out / 2)),
+                          " words (16-byte aligned); the scratch holds ", ws.act_split.size());
+  return MoeArgs{w.packed_blocks, w.packed_scales, w.dense, w.bias,
+                 w.experts,       w.out,           w.in,    idx,
+                 k,               x,               x_row_stride, x_slot_stride,
+                 y,               act,             alpha,   limit,
+                 act_split ? ws.act_split.data() : nullptr};
 }
 
 // Floats of x the step reads: the last pair's vector ends there.
@@ -635,7 +655,7 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
                                float* act, float alpha, float limit, const MoeWorkspace& ws,
                                MoeTiling tiling, hipStream_t stream) {
   const MoeArgs a =
-      moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit);
+      moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit, ws);
   require_mxfp4(w, x, x_row_stride, x_slot_stride);
   const int64_t pairs = int64_t(batch) * k;
   PARITY_DEVICE_REQUIRE(pairs <= int64_t(1) << 30, "launch_f32_moe_linear: ", pairs,
@@ -693,7 +713,7 @@ void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch
                            float* act, float alpha, float limit, const MoeWorkspace& ws,
                            hipStream_t stream) {
   const MoeArgs a =
-      moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit);
+      moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit, ws);
   const bool swiglu = act != nullptr;
   if (w.mxfp4) {
     const bool routable = w.experts <= kMaxRoutedExperts;

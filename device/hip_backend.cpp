@@ -7,16 +7,19 @@
 //
 // Fusion keeps every stage boundary visible (each fused kernel writes every stage output it
 // covers) and stays exact under fault injection:
-//   q_rope  writes q_rope, k_rope and v (all three depend on qkv only; k_rope, v run nothing);
+//   q_rope  writes q_rope, k_rope and v (all three depend on qkv only; k_rope, v run nothing),
+//           and appends k_rope and v to the KV cache (the scores stage's append);
 //   o_proj  writes o_proj and resid_attn = residual + o_proj;
 //   router  writes router, topk_idx and topk_w (logits and decision in one kernel);
 //   mlp1    writes mlp1 and swiglu;
 //   moe_out writes moe_out and resid_ffn = resid_attn + moe_out.
 // When the graph overwrites a fused producer's output (write(): injection, replay), the
 // consumer stage's run() recomputes its output from the written one with its own kernel.
-// The norms (attn_norm, ffn_norm, final_norm) also write their output split into BF16 parts for
-// the MMA kernel that reads it next (qkv, mlp1, logits); the runtime records whose split the
-// scratch holds, and write() forgets it, so that consumer then splits the written values itself.
+// The norms (attn_norm, ffn_norm, final_norm), the attention output and mlp1 (swiglu) also write
+// their output split into BF16 parts for the MMA kernel that reads it next (qkv, mlp1, logits;
+// o_proj; mlp2); the runtime records whose split each scratch holds, and write() forgets them, so
+// that consumer then splits the written values itself. Likewise scores appends k_rope and v again
+// when either was written since q_rope appended them.
 #include "device/hip_backend.h"
 
 #include <bitset>
@@ -96,6 +99,8 @@ void HipBackend::run(Stage s, int layer) {
   // Was the fused producer of this stage overwritten after it ran? Then the stage recomputes.
   const bool stale = [&] {
     switch (s) {
+      case Stage::scores:
+        return overwritten_.test(size_t(Stage::k_rope)) || overwritten_.test(size_t(Stage::v));
       case Stage::resid_attn:
         return overwritten_.test(size_t(Stage::o_proj));
       case Stage::topk_idx:

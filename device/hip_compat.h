@@ -180,6 +180,12 @@ __device__ __forceinline__ T hip_compat_shfl_xor(T var, int lane_mask, int width
   return __shfl_xor_sync(0xffffffffu, var, lane_mask, width);
 }
 #define __shfl_xor hip_compat_shfl_xor
+// HIP's __shfl(var, src_lane, width): __shfl_sync(full mask, ...) on NVIDIA.
+template <typename T>
+__device__ __forceinline__ T hip_compat_shfl(T var, int src_lane, int width = 32) {
+  return __shfl_sync(0xffffffffu, var, src_lane, width);
+}
+#define __shfl hip_compat_shfl
 // HIP's __any(predicate) over the warp is __any_sync(full mask, ...) on NVIDIA (every lane active).
 __device__ __forceinline__ int hip_compat_any(int predicate) {
   return __any_sync(0xffffffffu, predicate);

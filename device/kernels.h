@@ -93,10 +93,17 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
 //   out[i] = x[i] c - x[i + d/2] s,  out[i + d/2] = x[i + d/2] c + x[i] s,
 //   c = cos(angle) * concentration, s = sin(angle) * concentration.  v is copied unrotated.
 // qkv (B, (nH + 2 nKV) d) -> q (B, nH d), k (B, nKV d), v (B, nKV d). inv_freq (d/2,) on device.
+// With `append` (not null), k and v are also appended to the KV cache as
+// launch_f32_kv_cache_append(append->shape, append->kv, rows, ...) writes them (the same values:
+// the scores stage's append then has nothing left to do).
+struct KvAppend {
+  AttentionShape shape;
+  KvCacheView kv;
+};
 void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int batch, int n_heads,
                                     int n_kv, int head_dim, const float* inv_freq,
                                     float concentration, float* q, float* k, float* v,
-                                    hipStream_t stream);
+                                    const KvAppend* append, hipStream_t stream);
 
 // The KV cache is paged (KvCacheView, device/kernel_types.h): each row reads and writes its
 // sequence's keys and values through its block table, K(j) at kv_row_offset(kv, table, slot, 0,
@@ -122,10 +129,15 @@ void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, c
 // attention output: O[h] (d,) = sum over visible j of P[h][j] v_{h / g, j} (sink column unused;
 // zero probabilities skipped as in reference/attention.cpp). Split over the key axis in chunks
 // of attention_split_keys(max_context) (device/kernel_types.h); partial sums (workspace,
-// attention_workspace_floats) are combined in chunk order. out (B, nH d).
+// attention_workspace_floats) are combined in chunk order. out (B, nH d). With `out_split`
+// not empty (at least split_bf16x3_words(B nH d) words; nH d as attention_out_writes_split says),
+// out's split into BF16 parts (launch_split_bf16x3's words) is written too, for o_proj.
+inline bool attention_out_writes_split(const AttentionShape& a) {
+  return int64_t(a.n_heads) * a.head_dim % 32 == 0;
+}
 void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
                              int batch, int max_pos, const float* probs, float* workspace,
-                             float* out, hipStream_t stream);
+                             float* out, std::span<uint32_t> out_split, hipStream_t stream);
 
 // router: top-k of the logits g (B, E) (descending; ties: lowest expert index), then
 // w = softmax(g[idx]) over the k selected only. With select = false, idx is read (it was
@@ -136,10 +148,14 @@ void launch_f32_router_topk_softmax(const float* logits, int batch, int n_expert
 // bias float or null; per expert one warp, fmaf in the GEMV's lane order, then a butterfly), then
 // idx and w as launch_f32_router_topk_softmax(select = true) computes them from those logits.
 // One block per row or per two rows, inputs staged in shared memory (at most kRouterMaxInputs);
-// a row's results do not depend on the batch.
+// at small batches a row's experts are spread over several blocks, the last to finish taking the
+// decision: `tickets` then holds at least router_tickets(B, E) int32 zeros, which the kernel
+// leaves zero. A row's results do not depend on the batch.
 inline constexpr int kRouterMaxInputs = 10240;
+size_t router_tickets(int batch, int n_experts);
 void launch_f32_router(const Matrix& weight, const float* bias, const float* x, int batch, int k,
-                       float* logits, int32_t* idx, float* w, hipStream_t stream);
+                       float* logits, int32_t* idx, float* w, std::span<int32_t> tickets,
+                       hipStream_t stream);
 
 // expert linear for every (row, slot): y[r][s] (out,) = W[e] x + b[e], e = idx[r][s] read from
 // device memory. x row of slot s of row r is x + r * x_row_stride + s * x_slot_stride.
@@ -151,12 +167,18 @@ void launch_f32_router(const Matrix& weight, const float* bias, const float* x, 
 // a few pairs first sort the pairs by expert into ws.routing (at least moe_routing_ints(B k,
 // experts)) so that each expert's weights are read once per tile of pairs. Every output is the
 // same sequence of MMA steps whatever the step's size: a row's result does not depend on the
-// batch. Workspace contents are scratch.
+// batch. Workspace contents are scratch. With `act` and ws.act_split not empty (at least
+// split_bf16x3_words(B k out / 2) words; out / 2 as moe_writes_act_split says), act's split into
+// BF16 parts (launch_split_bf16x3's words) is written too, for mlp2.
 struct MoeWorkspace {
   std::span<int32_t> routing;
   std::span<uint32_t> split;
   bool split_ready = false;  // split already holds x's split (SplitInput::ready)
+  std::span<uint32_t> act_split;
 };
+inline bool moe_writes_act_split(int out) {
+  return out % 64 == 0;
+}
 void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch, int k,
                            const float* x, int x_row_stride, int x_slot_stride, float* y,
                            float* act, float alpha, float limit, const MoeWorkspace& ws,

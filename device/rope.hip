@@ -17,21 +17,32 @@ constexpr int kRopeThreads = 256;
 
 // grid (B, ceil((nH + nKV) / heads_per_block) + 1): block y rotates heads y hpb .. y hpb + hpb - 1
 // of q then k, one (head, i) pair per thread (its angle's cos and sin computed once); the last
-// block of the row copies v.
+// block of the row copies v. With `append`, the k heads and v also go to the row's KV-cache rows
+// (the cache's K(pos) and V(pos) of the layer's slot, as f32_kv_cache_append writes them).
 __global__ void __launch_bounds__(kRopeThreads)
     f32_qkv_split_yarn_rope(const float* __restrict__ qkv, const StepRow* __restrict__ rows,
                             int n_heads, int n_kv, int head_dim, int heads_per_block,
                             const float* __restrict__ inv_freq, float concentration,
-                            float* __restrict__ q, float* __restrict__ k, float* __restrict__ v) {
+                            float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
+                            bool append, AttentionShape a, KvCacheView kv) {
   const int r = int(blockIdx.x);
   const int half = head_dim / 2;
   const int qkv_dim = (n_heads + 2 * n_kv) * head_dim;
+  const int kv_dim = n_kv * head_dim;
   const float* src = qkv + int64_t(r) * qkv_dim;
+  // The row's K(pos) (which = 0) or V(pos) (1) in the cache.
+  const auto cache_row = [&](int which) {
+    const int32_t* table = kv.block_tables + rows[r].kv_table[a.kv_group];
+    return kv.blocks + kv_row_offset(kv, table, a.kv_slot, which, rows[r].pos, kv_dim);
+  };
   if (int(blockIdx.y) + 1 == int(gridDim.y)) {  // v
-    const int kv_dim = n_kv * head_dim;
     const float* vsrc = src + (n_heads + n_kv) * head_dim;
-    for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x))
-      v[int64_t(r) * kv_dim + t] = vsrc[t];
+    float* vc = append ? cache_row(1) : nullptr;
+    for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x)) {
+      const float x = vsrc[t];
+      v[int64_t(r) * kv_dim + t] = x;
+      if (append) vc[t] = x;
+    }
     return;
   }
   const float pos = float(rows[r].pos);
@@ -46,8 +57,14 @@ __global__ void __launch_bounds__(kRopeThreads)
     float* out = head < n_heads ? q + (int64_t(r) * n_heads + head) * head_dim
                                 : k + (int64_t(r) * n_kv + (head - n_heads)) * head_dim;
     const float x1 = x[i], x2 = x[i + half];
-    out[i] = x1 * c - x2 * s;
-    out[i + half] = x2 * c + x1 * s;
+    const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+    out[i] = y1;
+    out[i + half] = y2;
+    if (append && head >= n_heads) {
+      float* kc = cache_row(0) + (head - n_heads) * head_dim;
+      kc[i] = y1;
+      kc[i + half] = y2;
+    }
   }
 }
 
@@ -56,7 +73,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int batch, int n_heads,
                                     int n_kv, int head_dim, const float* inv_freq,
                                     float concentration, float* q, float* k, float* v,
-                                    hipStream_t stream) {
+                                    const KvAppend* append, hipStream_t stream) {
   PARITY_DEVICE_REQUIRE(qkv != nullptr && rows != nullptr && inv_freq != nullptr && q != nullptr &&
                             k != nullptr && v != nullptr,
                         "launch_f32_qkv_split_yarn_rope: null pointer argument");
@@ -70,8 +87,21 @@ void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int b
   const int blocks_y = ceil_div(n_heads + n_kv, heads_per_block) + 1;
   PARITY_DEVICE_REQUIRE(blocks_y <= 65535, "launch_f32_qkv_split_yarn_rope: ", n_heads + n_kv,
                         " heads of dimension ", head_dim, " need too many blocks");
+  AttentionShape a;
+  KvCacheView kv{};
+  if (append != nullptr) {
+    a = append->shape, kv = append->kv;
+    PARITY_DEVICE_REQUIRE(a.n_heads == n_heads && a.n_kv == n_kv && a.head_dim == head_dim &&
+                              a.kv_group >= 0 && a.kv_group < kKvGroups && a.kv_slot >= 0 &&
+                              a.kv_slot < kv.slots && kv.blocks != nullptr &&
+                              kv.block_tables != nullptr,
+                          "launch_f32_qkv_split_yarn_rope: the KV append's shape (", a.n_heads,
+                          " heads, ", a.n_kv, " kv heads, d ", a.head_dim, ", slot ", a.kv_slot,
+                          ") does not match or has no cache");
+  }
   f32_qkv_split_yarn_rope<<<dim3(unsigned(batch), unsigned(blocks_y)), kRopeThreads, 0, stream>>>(
-      qkv, rows, n_heads, n_kv, head_dim, heads_per_block, inv_freq, concentration, q, k, v);
+      qkv, rows, n_heads, n_kv, head_dim, heads_per_block, inv_freq, concentration, q, k, v,
+      append != nullptr, a, kv);
   HIP_LAUNCH_CHECK("f32_qkv_split_yarn_rope", stream);
 }
 

@@ -84,12 +84,20 @@ __global__ void f32_router_topk_softmax(const float* __restrict__ logits, int n_
                    w + int64_t(r) * k, sel_v, sel_e, lane);
 }
 
-// Router logits and decision: block of kRouterThreads, rows RB blockIdx.x .. + RB - 1, whose
-// inputs are first staged in shared memory (one load each). Warp u computes experts u, u + warps,
-// ...: lane-strided chunks of 8 weights (16-byte loads, 8 in flight per lane) summed by fmaf in
-// chunk order c = lane, lane + 32, ... (the GEMV's order), a butterfly, then + bias; warp b then
-// takes row b's top-k from the logits in shared memory.
+// Router logits and decision. Block (x, y) takes rows RB x .. RB x + RB - 1 and the experts
+// y W .. y W + W - 1 of its W warps, its rows' inputs first staged in shared memory (one load
+// each). Warp u computes expert y W + u: lane-strided chunks of 8 weights (16-byte loads, 8 in
+// flight per lane) summed by fmaf in chunk order c = lane, lane + 32, ... (the GEMV's order), a
+// butterfly, then + bias. The experts are spread over gridDim.y blocks at small batches (a row's
+// dot products on many multiprocessors instead of one); the last block of a row group to finish
+// (a ticket, counted with an atomic and reset by that block) reads the others' logits and takes
+// the decision: expert e's rank is the number of experts that rank before it (ranks_before, a
+// total order), the experts of ranks 0 .. k - 1 are the top k in order, and lane s of warp b
+// computes the softmax weight of row b's rank s -- the same selection, maximum, sum order and
+// weights as topk_softmax_row.
 constexpr int kRouterThreads = 1024;
+constexpr int kRouterSpreadThreads = 128;  // blocks of the spread launch: 4 experts each
+constexpr int kRouterSpreadMaxRows = 16;   // batches up to this many rows spread their experts
 constexpr int kRouterMaxExperts = kMaxPerLane * 32;  // topk_softmax_row's bound on any warp size
 constexpr int kRouterMaxRows = 2;
 constexpr size_t kRouterStagedBytes = kRouterMaxInputs * sizeof(float);  // dynamic shared
@@ -98,15 +106,17 @@ __global__ void __launch_bounds__(kRouterThreads)
     f32_router_logits_topk(const W* __restrict__ weight, const float* __restrict__ bias,
                            const float* __restrict__ x, int in, int batch, int n_experts, int k,
                            float* __restrict__ logits, int32_t* __restrict__ idx,
-                           float* __restrict__ w) {
+                           float* __restrict__ w, int32_t* __restrict__ tickets) {
   extern __shared__ float4 xs4[];  // [RB][in]
   float* xs = reinterpret_cast<float*>(xs4);
   __shared__ float g[RB][kRouterMaxExperts];
   __shared__ float sel_v[RB][kMaxTopK];
   __shared__ int sel_e[RB][kMaxTopK];
+  __shared__ bool last;
   const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
   const int warps = int(blockDim.x) / kWarpSize;
   const int r0 = int(blockIdx.x) * RB, nb = min(RB, batch - r0);
+  const int e_begin = int(blockIdx.y) * warps, e_end = min(n_experts, e_begin + warps);
   const float* x0 = x + int64_t(r0) * in;
   if constexpr (kVec) {
     for (int i = int(threadIdx.x); i < nb * in / 4; i += int(blockDim.x))
@@ -115,7 +125,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     for (int i = int(threadIdx.x); i < nb * in; i += int(blockDim.x)) xs[i] = x0[i];
   }
   __syncthreads();
-  for (int e = warp; e < n_experts; e += warps) {  // warp-uniform
+  for (int e = e_begin + warp; e < e_end; e += warps) {  // warp-uniform
     const W* wr = weight + int64_t(e) * in;
     float acc[RB];
 #pragma unroll
@@ -131,16 +141,50 @@ __global__ void __launch_bounds__(kRouterThreads)
       }
     }
   }
+  if (gridDim.y > 1) {  // the last block of the row group takes the decision
+    __threadfence();    // this block's logits are visible before its ticket counts
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      last = atomicAdd(&tickets[blockIdx.x], 1) == int(gridDim.y) - 1;
+      if (last) tickets[blockIdx.x] = 0;  // zero again for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile float* lg = logits + int64_t(r0) * n_experts;  // around the L1: other blocks'
+    for (int i = int(threadIdx.x); i < nb * n_experts; i += int(blockDim.x)) {
+      const int b = i / n_experts, e = i % n_experts;
+      if (e < e_begin || e >= e_end) g[b][e] = lg[i];
+    }
+  }
   __syncthreads();
-  if (warp < nb)
-    topk_softmax_row(g[warp], n_experts, k, true, idx + int64_t(r0 + warp) * k,
-                     w + int64_t(r0 + warp) * k, sel_v[warp], sel_e[warp], lane);
+  for (int i = int(threadIdx.x); i < nb * n_experts; i += int(blockDim.x)) {
+    const int b = i / n_experts, e = i % n_experts;
+    const float v = g[b][e];
+    int rank = 0;
+    for (int o = 0; o < n_experts; ++o) rank += ranks_before(g[b][o], o, v, e, n_experts) ? 1 : 0;
+    if (rank < k) sel_v[b][rank] = v, sel_e[b][rank] = e;
+  }
+  __syncthreads();
+  if (warp >= nb) return;
+  const int b = warp;
+  float m = sel_v[b][0];
+  for (int s = 1; s < k; ++s) m = m < sel_v[b][s] ? sel_v[b][s] : m;  // std::max
+  // Lane s's exponential, summed in rank order by every lane (k <= kMaxTopK <= warp size).
+  const float ex = lane < k ? expf(sel_v[b][lane] - m) : 0.0f;
+  float z = 0.0f;
+  for (int s = 0; s < k; ++s) z += __shfl(ex, s);
+  if (lane < k) {
+    idx[int64_t(r0 + b) * k + lane] = sel_e[b][lane];
+    w[int64_t(r0 + b) * k + lane] = ex / z;
+  }
 }
 
 }  // namespace
 
 void launch_f32_router(const Matrix& weight, const float* bias, const float* x, int batch, int k,
-                       float* logits, int32_t* idx, float* w, hipStream_t stream) {
+                       float* logits, int32_t* idx, float* w, std::span<int32_t> tickets,
+                       hipStream_t stream) {
   PARITY_DEVICE_REQUIRE(weight.data != nullptr && x != nullptr && logits != nullptr &&
                             idx != nullptr && w != nullptr && batch > 0,
                         "launch_f32_router: null pointer or empty batch");
@@ -148,27 +192,38 @@ void launch_f32_router(const Matrix& weight, const float* bias, const float* x, 
   PARITY_DEVICE_REQUIRE(n_experts > 0 && n_experts <= kRouterMaxExperts && in > 0,
                         "launch_f32_router: ", n_experts, " experts of ", in,
                         " inputs (supported: 1..", kRouterMaxExperts, " experts)");
-  PARITY_DEVICE_REQUIRE(k > 0 && k <= n_experts && k <= kMaxTopK, "launch_f32_router: k ", k,
-                        " must be in 1..min(", n_experts, ", ", kMaxTopK, ")");
+  PARITY_DEVICE_REQUIRE(k > 0 && k <= n_experts && k <= kMaxTopK && k <= device_warp_size(),
+                        "launch_f32_router: k ", k, " must be in 1..min(", n_experts, ", ",
+                        kMaxTopK, ")");
   PARITY_DEVICE_REQUIRE(size_t(in) * sizeof(float) <= kRouterStagedBytes, "launch_f32_router: ",
                         in, " inputs exceed the kernel's staged row of ",
                         kRouterStagedBytes / sizeof(float));
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = in % 8 == 0 && aligned16(x) && aligned16(weight.data);
-  // Small steps: a block per row (more blocks); larger: two rows share each weight load.
+  // Small steps: a block per row and a few experts (the row's experts spread over blocks);
+  // larger: every expert in one block, which two rows share from 64 rows on (each weight load
+  // then serves both).
+  const bool spread = batch <= kRouterSpreadMaxRows;
   const int rb =
       batch >= 64 && size_t(kRouterMaxRows) * in * sizeof(float) <= kRouterStagedBytes ? 2 : 1;
+  const int threads = spread ? kRouterSpreadThreads : kRouterThreads;
+  const int expert_blocks = ceil_div(n_experts, threads / device_warp_size());
+  if (expert_blocks > 1)
+    PARITY_DEVICE_REQUIRE(tickets.data() != nullptr &&
+                              tickets.size() >= router_tickets(batch, n_experts),
+                          "launch_f32_router: ", router_tickets(batch, n_experts),
+                          " zeroed tickets needed, ", tickets.size(), " given");
   const size_t smem = size_t(rb) * in * sizeof(float);
   dispatch_weight_type(weight.type, [&]<typename W>() {
     const W* wt = static_cast<const W*>(weight.data);
     const auto launch = [&]<int RB>() {
-      const unsigned grid = unsigned(ceil_div(batch, RB));
+      const dim3 grid(unsigned(ceil_div(batch, RB)), unsigned(expert_blocks));
       if (vec)
-        f32_router_logits_topk<W, RB, true><<<grid, kRouterThreads, smem, stream>>>(
-            wt, bias, x, in, batch, n_experts, k, logits, idx, w);
+        f32_router_logits_topk<W, RB, true><<<grid, threads, smem, stream>>>(
+            wt, bias, x, in, batch, n_experts, k, logits, idx, w, tickets.data());
       else
-        f32_router_logits_topk<W, RB, false><<<grid, kRouterThreads, smem, stream>>>(
-            wt, bias, x, in, batch, n_experts, k, logits, idx, w);
+        f32_router_logits_topk<W, RB, false><<<grid, threads, smem, stream>>>(
+            wt, bias, x, in, batch, n_experts, k, logits, idx, w, tickets.data());
     };
     if (rb == 1)
       launch.template operator()<1>();
@@ -176,6 +231,13 @@ void launch_f32_router(const Matrix& weight, const float* bias, const float* x, 
       launch.template operator()<kRouterMaxRows>();
   });
   HIP_LAUNCH_CHECK("f32_router_logits_topk", stream);
+}
+
+size_t router_tickets(int batch, int n_experts) {
+  return batch <= kRouterSpreadMaxRows &&
+                 n_experts > kRouterSpreadThreads / device_warp_size()
+             ? size_t(batch)
+             : 0;
 }
 
 void launch_f32_router_topk_softmax(const float* logits, int batch, int n_experts, int k,

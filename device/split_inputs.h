@@ -20,22 +20,43 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) {
   return __uint_as_float(b << 16);
 }
 
+// The three BF16 parts of v: hi = bf16(v), mid = bf16(v - hi), lo = bf16(v - hi - mid).
+__device__ __forceinline__ void split_bf16x3_parts(float v, uint32_t (&part)[3]) {
+  const uint32_t hi = f32_to_bf16_bits(v);
+  const float r1 = v - bf16_bits_to_f32(hi);
+  const uint32_t mid = f32_to_bf16_bits(r1);
+  const float r2 = r1 - bf16_bits_to_f32(mid);
+  part[0] = hi, part[1] = mid, part[2] = f32_to_bf16_bits(r2);
+}
+
 // v: inputs 32 b + 8 t .. 32 b + 8 t + 7 of the flat array; block: split + 48 b.
 __device__ __forceinline__ void split_bf16x3_write8(const float (&v)[8], uint32_t* block, int t) {
   uint32_t part[3][8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    const uint32_t hi = f32_to_bf16_bits(v[e]);
-    const float r1 = v[e] - bf16_bits_to_f32(hi);
-    const uint32_t mid = f32_to_bf16_bits(r1);
-    const float r2 = r1 - bf16_bits_to_f32(mid);
-    part[0][e] = hi, part[1][e] = mid, part[2][e] = f32_to_bf16_bits(r2);
+    uint32_t p[3];
+    split_bf16x3_parts(v[e], p);
+    part[0][e] = p[0], part[1][e] = p[1], part[2][e] = p[2];
   }
 #pragma unroll
   for (int q = 0; q < 3; ++q)
     *reinterpret_cast<uint4*>(block + 16 * q + 4 * t) =
         uint4{part[q][0] | part[q][4] << 16, part[q][1] | part[q][5] << 16,
               part[q][2] | part[q][6] << 16, part[q][3] | part[q][7] << 16};
+}
+
+// Input f of the flat array alone: its three parts as three 16-bit stores, for producers whose
+// threads hold single outputs (the attention output, mlp1's SwiGLU epilogue). The same words as
+// split_bf16x3_write8 once every input of a block is written: input e = f % 8 of lane t's eight
+// is the low half (e < 4) or the high half (e >= 4) of word 4 t + e % 4 of each part.
+__device__ __forceinline__ void split_bf16x3_write1(float v, uint32_t* split, int64_t f) {
+  const int i = int(f % 32), t = i / 8, e = i % 8;
+  uint16_t* const at =
+      reinterpret_cast<uint16_t*>(split + kSplitWordsPerBlock * (f / 32) + 4 * t + e % 4) + e / 4;
+  uint32_t p[3];
+  split_bf16x3_parts(v, p);
+#pragma unroll
+  for (int q = 0; q < 3; ++q) at[32 * q] = uint16_t(p[q]);  // part q: 16 words on
 }
 
 }  // namespace parity::device

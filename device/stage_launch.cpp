@@ -20,6 +20,11 @@ bool fused_into_producer(Stage s) {
   }
 }
 
+// mlp1's epilogue writes mlp2's split (three 2-byte stores per output, scattered over the
+// tile's pairs) in steps of up to this many (row, slot) pairs; larger steps leave it to the split
+// kernel's 16-byte stores, which were faster at prefill (docs/measurements.md, 2026-11-25).
+constexpr int64_t kMlp1SplitMaxPairs = 256;
+
 void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
   const Config& c = rt.config();
   const ActivationArena& arena = rt.arena();
@@ -39,22 +44,22 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
   // The MMA kernels' split of stage `in`'s output: ready when its producer wrote it (and nothing
   // since); otherwise the kernel splits it into the scratch, which then holds no producer's split.
   const auto split_of = [&](Stage in, int in_layer) {
-    const SplitInput split{arena.split_inputs(), rt.split_holds(in, in_layer)};
-    if (!split.ready) rt.forget_split();
+    const SplitInput split{arena.split_of(in), rt.split_holds(in, in_layer)};
+    if (!split.ready) rt.forget_split(in);
     return split;
   };
   // A norm writes its output's split too when its rows are whole blocks of 32.
   const auto rmsnorm = [&](const float* x, const DeviceNorm& weight, Stage s_out, int s_layer) {
     if (rmsnorm_writes_split(H)) {
       launch_f32_rmsnorm_split(x, weight.type, weight.data, B, H, eps, out(s_out),
-                               arena.split_inputs(), st);
+                               arena.split_of(s_out), st);
       rt.set_split_source(s_out, s_layer);
     } else {
       launch_f32_rmsnorm(x, weight.type, weight.data, B, H, eps, out(s_out), st);
     }
   };
   const auto moe_ws = [&](Stage in) {  // the expert linear's workspace for input `in`
-    MoeWorkspace ws = arena.moe_workspace();
+    MoeWorkspace ws = arena.moe_workspace(in);
     ws.split_ready = split_of(in, layer).ready;
     return ws;
   };
@@ -82,19 +87,23 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
                            split_of(Stage::attn_norm, layer), st);
       break;
     }
-    case Stage::q_rope:
+    case Stage::q_rope: {  // also appends k_rope and v to the KV cache (the scores stage's)
+      const KvAppend append{rt.attention_shape(layer), rt.kv_view()};
       launch_f32_qkv_split_yarn_rope(out(Stage::qkv), rows, B, c.num_attention_heads,
                                      c.num_key_value_heads, c.head_dim, w.inv_freq(),
                                      w.concentration(), out(Stage::q_rope), out(Stage::k_rope),
-                                     out(Stage::v), st);
+                                     out(Stage::v), &append, st);
       break;
+    }
     case Stage::k_rope:
     case Stage::v:
       break;  // written by q_rope's kernel
     case Stage::scores: {
       const AttentionShape a = rt.attention_shape(layer);
       const KvCacheView kv = rt.kv_view();
-      launch_f32_kv_cache_append(a, kv, rows, B, out(Stage::k_rope), out(Stage::v), st);
+      // q_rope's kernel appended k_rope and v; again only when they were overwritten since.
+      if (recompute)
+        launch_f32_kv_cache_append(a, kv, rows, B, out(Stage::k_rope), out(Stage::v), st);
       launch_f32_attention_scores(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
                                   arena.scores(), st);
       break;
@@ -103,10 +112,14 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       launch_f32_softmax_with_sink(c.num_attention_heads, rows, B, arena.scores(), arena.att(),
                                    st);
       break;
-    case Stage::attn_out:
-      launch_f32_attention_pv(rt.attention_shape(layer), rt.kv_view(), rows, B, max_pos,
-                              arena.att(), arena.workspace(), out(s), st);
+    case Stage::attn_out: {  // also o_proj's split of its output
+      const AttentionShape a = rt.attention_shape(layer);
+      const bool split = attention_out_writes_split(a);
+      launch_f32_attention_pv(a, rt.kv_view(), rows, B, max_pos, arena.att(), arena.workspace(),
+                              out(s), split ? arena.split_of(s) : std::span<uint32_t>{}, st);
+      if (split) rt.set_split_source(s, layer);
       break;
+    }
     case Stage::o_proj:
       gemv(L->o, Stage::attn_out, layer, s, {residual_in(), out(Stage::resid_attn), H});
       break;
@@ -118,7 +131,7 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       break;
     case Stage::router:  // writes router, topk_idx and topk_w
       launch_f32_router(L->router.w, L->router.bias, out(Stage::ffn_norm), B, k, out(s), topk_idx,
-                        out(Stage::topk_w), st);
+                        out(Stage::topk_w), arena.router_tickets(), st);
       break;
     case Stage::topk_idx:
       if (recompute)
@@ -130,12 +143,20 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
         launch_f32_router_topk_softmax(out(Stage::router), B, c.num_local_experts, k, false,
                                        topk_idx, out(s), st);
       break;
-    case Stage::mlp1:
+    case Stage::mlp1: {  // also swiglu, and (decode-sized steps) mlp2's split of it
+      MoeWorkspace ws = moe_ws(Stage::ffn_norm);
+      const bool split = moe_writes_act_split(L->mlp1.out) && int64_t(B) * k <= kMlp1SplitMaxPairs;
+      if (split) ws.act_split = arena.split_of(Stage::swiglu);
       launch_f32_moe_linear(L->mlp1, topk_idx, B, k, out(Stage::ffn_norm), H, 0, out(s),
-                            out(Stage::swiglu), alpha, limit, moe_ws(Stage::ffn_norm), st);
+                            out(Stage::swiglu), alpha, limit, ws, st);
+      if (split) rt.set_split_source(Stage::swiglu, layer);
       break;
+    }
     case Stage::swiglu:
-      if (recompute) launch_f32_swiglu(out(Stage::mlp1), B * k, I, alpha, limit, out(s), st);
+      if (recompute) {
+        launch_f32_swiglu(out(Stage::mlp1), B * k, I, alpha, limit, out(s), st);
+        rt.forget_split(s);  // mlp1's split of the values this replaced
+      }
       break;
     case Stage::mlp2:
       launch_f32_moe_linear(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,

@@ -6,7 +6,9 @@
 //
 // Fused kernels write every stage output they cover (device/hip_backend.cpp lists them); the
 // stages they cover launch nothing unless `recompute` says their fused producer's output was
-// overwritten since it ran (injection, replay), in which case they recompute from it.
+// overwritten since it ran (injection, replay), in which case they recompute from it. Likewise
+// scores appends k_rope and v to the KV cache (q_rope's kernel did) only with `recompute`: when
+// either was overwritten since.
 #pragma once
 #include "device/runtime/runtime.h"
 #include "model/stages.h"

@@ -150,6 +150,17 @@ class SplitScratch {
   DeviceBuffer buf_;
 };
 
+// The split words a producer wrote beside its output `n` floats of `out` equal the split kernel's.
+void expect_split_of(const Output& out, int64_t n, const SplitScratch& got, const char* what) {
+  const SplitScratch want(n);
+  launch_split_bf16x3(out.ptr(), n, want.span(), nullptr);
+  const size_t words = want.span().size();
+  std::vector<uint32_t> w1(words), w2(words);
+  HIP_CHECK(hipMemcpy(w1.data(), want.span().data(), words * 4, hipMemcpyDeviceToHost));
+  HIP_CHECK(hipMemcpy(w2.data(), got.span().data(), words * 4, hipMemcpyDeviceToHost));
+  EXPECT_EQ(w1, w2) << what;
+}
+
 std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
@@ -604,7 +615,7 @@ class RopeCase {
     Output q(size_t(rows_) * heads_ * d_), k(size_t(rows_) * kv_ * d_), v(size_t(rows_) * kv_ * d_);
     launch_f32_qkv_split_yarn_rope(dqkv.as<float>(), drows.as<StepRow>(), rows_, heads_, kv_, d_,
                                    dinv.as<float>(), float(rope.concentration), q.ptr(), k.ptr(),
-                                   v.ptr(), nullptr);
+                                   v.ptr(), nullptr, nullptr);
     std::vector<double> wq, wk, wv;
     Tol tq{{}, 4 * kU, 1e-9}, tk = tq;
     for (int r = 0; r < rows_; ++r) {
@@ -632,6 +643,37 @@ class RopeCase {
     expect_close(q.fetch(), wq, tq, "q_rope");
     expect_close(k.fetch(), wk, tk, "k_rope");
     expect_close(v.fetch(), wv, {{0.0}, 0.0, 0.0}, "v");
+
+    // With the KV append: the same outputs, and the cache rows the append kernel writes of them
+    // (a paged cache of blocks of two positions in shuffled order, NaN elsewhere, slot 1 of 2).
+    AttentionShape a;
+    a.n_heads = heads_, a.n_kv = kv_, a.head_dim = d_, a.max_context = pos_ + rows_ + 2;
+    a.kv_group = kKvSlidingGroup, a.kv_slot = 1;
+    const int blocks = (pos_ + rows_ + 1) / 2;
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 7 + 3) % blocks;
+    for (auto& row : rows) row.kv_table[a.kv_group] = 0;
+    const std::vector<float> pool(size_t(blocks) * 2 * 2 * 2 * kv_ * d_, kNaN);
+    DeviceBuffer dtable = upload(table), pool_a = upload(pool), pool_b = upload(pool),
+                 drows2 = upload(rows);
+    const KvCacheView kv_a{pool_a.as<float>(), dtable.as<int32_t>(), 1, 2};
+    const KvCacheView kv_b{pool_b.as<float>(), dtable.as<int32_t>(), 1, 2};
+    Output q2(size_t(rows_) * heads_ * d_), k2(size_t(rows_) * kv_ * d_),
+        v2(size_t(rows_) * kv_ * d_);
+    const KvAppend append{a, kv_a};
+    launch_f32_qkv_split_yarn_rope(dqkv.as<float>(), drows2.as<StepRow>(), rows_, heads_, kv_, d_,
+                                   dinv.as<float>(), float(rope.concentration), q2.ptr(), k2.ptr(),
+                                   v2.ptr(), &append, nullptr);
+    launch_f32_kv_cache_append(a, kv_b, drows2.as<StepRow>(), rows_, k2.ptr(), v2.ptr(), nullptr);
+    for (const auto& [one, two, what] :
+         {std::tuple{&q, &q2, "q"}, {&k, &k2, "k"}, {&v, &v2, "v"}}) {
+      const std::vector<float> x = one->fetch(), y = two->fetch();
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << what << " with the append";
+    }
+    std::vector<float> got(pool.size()), want(pool.size());
+    HIP_CHECK(hipMemcpy(got.data(), pool_a.as(), pool.size() * 4, hipMemcpyDeviceToHost));
+    HIP_CHECK(hipMemcpy(want.data(), pool_b.as(), pool.size() * 4, hipMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), pool.size() * 4), 0) << "the KV cache rows";
   }
 
  private:
@@ -689,6 +731,11 @@ class AttentionCase {
   }
   AttentionCase& block(int b) {
     block_ = b;
+    return *this;
+  }
+  // Whether the output kernel also writes o_proj's split of its output (when nH d allows).
+  AttentionCase& split(bool on) {
+    split_ = on;
     return *this;
   }
   std::string describe() const {
@@ -785,7 +832,12 @@ class AttentionCase {
     launch_f32_attention_scores(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
                                 scores.ptr(), nullptr);
     launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
-    launch_f32_attention_pv(a, kv, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(), nullptr);
+    const bool split = split_ && attention_out_writes_split(a);
+    const SplitScratch out_split(split ? int64_t(B) * heads_ * d_ : 0);
+    launch_f32_attention_pv(a, kv, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(),
+                            out_split.span(), nullptr);
+    if (split)
+      expect_split_of(out, int64_t(B) * heads_ * d_, out_split, "the attention output's split");
 
     std::vector<double> want_s, want_p, want_o, s_atol, p_atol, o_atol;
     const std::vector<double> sinks_d = to_double(sinks);
@@ -845,6 +897,7 @@ class AttentionCase {
 
  private:
   int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
+  bool split_ = true;
 };
 
 TEST_F(DeviceKernels, AttentionPositionZero) {
@@ -883,7 +936,7 @@ TEST_F(DeviceKernels, AttentionPagedBlockSizesGiveTheSameBits) {
     const auto want = base.block(512).run();
     for (int b : {1, 4, 32}) {
       auto c = one;
-      const auto got = c.block(b).run();
+      const auto got = c.block(b).split(b != 4).run();  // with and without the output's split
       SCOPED_TRACE(c.describe());
       EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
       EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
@@ -982,22 +1035,35 @@ TEST_F(DeviceKernels, RouterTiesTakeTheLowestIndex) {
 
 // The fused router (logits and decision in one kernel): logits within the GEMV's bound of the
 // float64 reference; idx and w exactly what launch_f32_router_topk_softmax makes of those logits;
-// a row's results bitwise the same alone and in a batch (one row per block, four per block).
-void router_fused_case(WeightType type, int experts, int in, int batch, bool bias) {
-  SCOPED_TRACE(fmt::format("fused router {} experts={} in={} batch={} bias={}", type_name(type),
-                           experts, in, batch, bias));
+// a row's results bitwise the same alone and in a batch (experts spread over blocks up to 16 rows,
+// one row per block, two per block) and the tickets left zero. `ties`: the inputs of some rows are
+// zero, so their logits are the bias, rounded to three values (ties everywhere), and one expert's
+// bias is NaN (it ranks last).
+void router_fused_case(WeightType type, int experts, int in, int batch, bool bias,
+                       bool ties = false) {
+  SCOPED_TRACE(fmt::format("fused router {} experts={} in={} batch={} bias={} ties={}",
+                           type_name(type), experts, in, batch, bias, ties));
   const int k = 4;
   std::mt19937_64 rng(71 + uint64_t(experts) + uint64_t(in));
   const HostMatrix w = random_matrix(rng, type, size_t(experts) * in);
-  const HostBf16 b = random_bf16(rng, size_t(experts), 0.5f);
-  const std::vector<float> x = random_floats(rng, size_t(batch) * in, -1, 1);
+  HostBf16 b = random_bf16(rng, size_t(experts), 0.5f);
+  std::vector<float> x = random_floats(rng, size_t(batch) * in, -1, 1);
+  if (ties) {
+    for (size_t e = 0; e < b.values.size(); ++e) b.values[e] = float(int(e * 7 % 3)) * 0.25f;
+    b.values[1] = kNaN;
+    for (int r = 0; r < batch; r += 2) std::fill_n(x.begin() + long(size_t(r) * in), in, 0.0f);
+  }
   DeviceBuffer dw = upload(w.bytes), db = upload(b.values), dx = upload(x);
   const Matrix m{type, dw.as(), experts, in};
   const float* bias_ptr = bias ? db.as<float>() : nullptr;
   Output logits(size_t(batch) * experts), tw(size_t(batch) * k);
   DeviceBuffer didx(size_t(batch) * k * sizeof(int32_t));
+  const std::vector<int32_t> zeros(size_t(batch), 0);
+  DeviceBuffer tickets = upload(zeros);
+  const std::span<int32_t> tk(tickets.as<int32_t>(), zeros.size());
   launch_f32_router(m, bias_ptr, dx.as<float>(), batch, k, logits.ptr(), didx.as<int32_t>(),
-                    tw.ptr(), nullptr);
+                    tw.ptr(), tk, nullptr);
+  EXPECT_EQ(download<int32_t>(tickets, zeros.size()), zeros) << "tickets left zero";
   const std::vector<float> g = logits.fetch();
   const std::vector<double> xd = to_double(x);
   std::vector<double> want(g.size());
@@ -1012,7 +1078,7 @@ void router_fused_case(WeightType type, int experts, int in, int batch, bool bia
       want[size_t(r) * experts + e] = sum;
       tol.atol[size_t(r) * experts + e] = dot_atol(warp_dot_chain(in) + 1, abs_sum);
     }
-  expect_close(g, want, tol, "router logits");
+  if (!ties) expect_close(g, want, tol, "router logits");
   // The decision: the separate top-k kernel on the fused kernel's own logits, bit for bit.
   DeviceBuffer dg = upload(g), didx2(size_t(batch) * k * sizeof(int32_t));
   Output tw2(size_t(batch) * k);
@@ -1025,10 +1091,10 @@ void router_fused_case(WeightType type, int experts, int in, int batch, bool bia
   Output one(static_cast<size_t>(experts)), one_w(static_cast<size_t>(k));
   DeviceBuffer one_idx(size_t(k) * sizeof(int32_t));
   launch_f32_router(m, bias_ptr, dx.as<float>() + int64_t(batch - 1) * in, 1, k, one.ptr(),
-                    one_idx.as<int32_t>(), one_w.ptr(), nullptr);
+                    one_idx.as<int32_t>(), one_w.ptr(), tk, nullptr);
   const std::vector<float> o = one.fetch(), ow = one_w.fetch();
-  for (int e = 0; e < experts; ++e)
-    ASSERT_EQ(o[size_t(e)], g[size_t(batch - 1) * experts + e]) << "expert " << e;
+  EXPECT_EQ(std::memcmp(o.data(), g.data() + size_t(batch - 1) * experts, o.size() * 4), 0)
+      << "the last row's logits alone";
   for (int s = 0; s < k; ++s) ASSERT_EQ(ow[size_t(s)], w1[size_t(batch - 1) * k + s]) << s;
 }
 
@@ -1037,6 +1103,10 @@ TEST_F(DeviceKernels, RouterFusedLikeTheGemvAndTheTopK) {
   router_fused_case(WeightType::bf16, 128, 2880, 70, true);  // the 120b's, two rows per block
   router_fused_case(WeightType::f32, 37, 96, 65, false);
   router_fused_case(WeightType::f16, 8, 13, 2, true);        // in % 8 != 0: the scalar path
+  router_fused_case(WeightType::bf16, 128, 2880, 16, true);  // spread: 32 blocks per row
+  router_fused_case(WeightType::bf16, 128, 2880, 17, true);  // one block per row
+  router_fused_case(WeightType::bf16, 32, 2880, 5, true, true);   // ties and NaN, spread
+  router_fused_case(WeightType::bf16, 32, 2880, 70, true, true);  // ties and NaN, two rows a block
 }
 
 // ---------------------------------------------------------------------------- experts ---
@@ -1048,7 +1118,9 @@ class MoeScratch {
       : routing_ints_(moe_routing_ints(pairs, experts)),
         routing_(routing_ints_ * sizeof(int32_t)),
         split_(x_floats) {}
-  MoeWorkspace ws() const { return {{routing_.as<int32_t>(), routing_ints_}, split_.span()}; }
+  MoeWorkspace ws() const {
+    return {{routing_.as<int32_t>(), routing_ints_}, split_.span(), false, {}};
+  }
   std::vector<int32_t> routing() const { return download<int32_t>(routing_, routing_ints_); }
 
  private:
@@ -1152,9 +1224,15 @@ class MoeCase {
     dw.in = in_;
     Output y(size_t(rows_) * k_ * out_), act(size_t(rows_) * k_ * out_ / 2);
     const MoeScratch scratch(int64_t(rows_) * k_, E, int64_t(rows_) * x_row);
-    launch_f32_moe_linear(dw, didx.as<int32_t>(), rows_, k_, dx.as<float>(), x_row, x_slot,
-                          y.ptr(), swiglu_ ? act.ptr() : nullptr, 1.702f, 7.0f, scratch.ws(),
-                          nullptr);
+    // With SwiGLU, mlp2's split of the activation too (when out / 2 is whole blocks of 32).
+    const bool act_split = swiglu_ && moe_writes_act_split(out_);
+    const int64_t n_act = int64_t(rows_) * k_ * (out_ / 2);
+    const SplitScratch act_words(act_split ? n_act : 0);
+    MoeWorkspace ws = scratch.ws();
+    ws.act_split = act_words.span();
+    launch_f32_moe_linear(dw, didx.as<int32_t>(), rows_, k_, dx.as<float>(), x_row, x_slot, y.ptr(),
+                          swiglu_ ? act.ptr() : nullptr, 1.702f, 7.0f, ws, nullptr);
+    if (act_split) expect_split_of(act, n_act, act_words, "mlp2's split of the activation");
 
     std::vector<double> want, want_act, atol, act_atol;
     std::vector<double> row(static_cast<size_t>(in_));
@@ -1434,6 +1512,16 @@ class MoeTilingCase {
       launch_f32_moe_linear(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
                             y_entry.ptr(), act(a_entry), 1.702f, 7.0f, scratch.ws(), nullptr);
       same(y_entry, a_entry, "entry point");
+      if (swiglu_ && moe_writes_act_split(out_)) {  // mlp1 writing mlp2's split changes no bit
+        const SplitScratch act_words(static_cast<int64_t>(na));
+        MoeWorkspace ws = scratch.ws();
+        ws.act_split = act_words.span();
+        Output y_split(ny), a_split(na);
+        launch_f32_moe_linear(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
+                              y_split.ptr(), act(a_split), 1.702f, 7.0f, ws, nullptr);
+        same(y_split, a_split, "entry point writing the activation's split");
+        expect_split_of(a_split, int64_t(na), act_words, "mlp2's split of the activation");
+      }
 
       // Every output written (the poison is NaN, which memcmp alone would not tell apart).
       for (int i = 0; i < pairs; ++i) {

@@ -385,7 +385,23 @@ TEST(ArenaLayout, StagesAreAlignedAndApart) {
     EXPECT_GE(off, end) << name(s.stage);
     end = off + 7 * stage_row_floats(c, s.stage) * sizeof(float);
   }
-  EXPECT_GE(a.workspace_offset, end);
+  // The scratches after the stages, apart: routing, router tickets (one per row), the split of
+  // the row-sized inputs, then mlp2's (rows x k x intermediate), then the attention workspace.
+  EXPECT_GE(a.moe_routing_offset, end);
+  EXPECT_GE(a.router_tickets_offset, a.moe_routing_offset + a.moe_routing_ints * 4);
+  EXPECT_EQ(a.router_tickets, 7u);
+  EXPECT_GE(a.split_offset, a.router_tickets_offset + a.router_tickets * 4);
+  EXPECT_EQ(a.split_words, size_t(7) *
+                               std::max(size_t(c.hidden_size),
+                                        size_t(c.num_attention_heads) * size_t(c.head_dim)) *
+                               3 / 2);
+  EXPECT_GE(a.expert_split_offset, a.split_offset + a.split_words * 4);
+  EXPECT_EQ(a.expert_split_words,
+            size_t(7) * size_t(c.num_experts_per_tok) * size_t(c.intermediate_size) * 3 / 2);
+  EXPECT_GE(a.workspace_offset, a.expert_split_offset + a.expert_split_words * 4);
+  for (size_t off : {a.moe_routing_offset, a.router_tickets_offset, a.split_offset,
+                     a.expert_split_offset, a.workspace_offset})
+    EXPECT_EQ(off % 256, 0u);
   AttentionShape shape;
   shape.n_heads = c.num_attention_heads;
   shape.n_kv = c.num_key_value_heads;

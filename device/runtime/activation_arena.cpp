@@ -16,6 +16,9 @@ ActivationArena::ActivationArena(const Config& c, int max_context, int rows, int
 void ActivationArena::allocate_rows(int rows) {
   layout_ = ArenaLayout::of(c_, rows, max_context_);
   act_.allocate(layout_.bytes);
+  const std::span<int32_t> tickets = router_tickets();
+  HIP_CHECK(hipMemset(tickets.data(), 0, tickets.size_bytes()));
+  HIP_CHECK(hipDeviceSynchronize());  // zero before any stream's kernel reads them
 }
 
 void ActivationArena::allocate_scores(int64_t floats) {

@@ -28,14 +28,29 @@ class ActivationArena {
   // Index stages (topk_idx, sampled) keep int32 rows in their slot.
   int32_t* index_out(Stage s) const { return act_.as<int32_t>(layout_.stage_offset[size_t(s)]); }
   float* workspace() const { return act_.as<float>(layout_.workspace_offset); }
-  // Scratch of the MMA kernels (a projection's inputs split into BF16 parts) and of
-  // launch_f32_moe_linear (also the pairs sorted by expert), sized for rows() rows.
+  // Scratch of the MMA kernels (a projection's inputs split into BF16 parts), sized for rows()
+  // rows: split_inputs() for every input but mlp2's (swiglu), which has split_expert_inputs().
   std::span<uint32_t> split_inputs() const {
     return {act_.as<uint32_t>(layout_.split_offset), layout_.split_words};
   }
-  MoeWorkspace moe_workspace() const {
-    return {{act_.as<int32_t>(layout_.moe_routing_offset), layout_.moe_routing_ints},
-            split_inputs()};
+  std::span<uint32_t> split_expert_inputs() const {
+    return {act_.as<uint32_t>(layout_.expert_split_offset), layout_.expert_split_words};
+  }
+  // The split scratch of stage s's output.
+  std::span<uint32_t> split_of(Stage s) const {
+    return s == Stage::swiglu ? split_expert_inputs() : split_inputs();
+  }
+  // launch_f32_moe_linear's workspace reading stage `in`'s output: the routing scratch (the pairs
+  // sorted by expert) and in's split scratch.
+  MoeWorkspace moe_workspace(Stage in) const {
+    MoeWorkspace ws;
+    ws.routing = {act_.as<int32_t>(layout_.moe_routing_offset), layout_.moe_routing_ints};
+    ws.split = split_of(in);
+    return ws;
+  }
+  // launch_f32_router's tickets (zero between its launches).
+  std::span<int32_t> router_tickets() const {
+    return {act_.as<int32_t>(layout_.router_tickets_offset), layout_.router_tickets};
   }
   float* scores() const { return scores_.as<float>(); }
   float* att() const { return scores_.as<float>() + scores_capacity_; }

@@ -32,16 +32,21 @@ ArenaLayout ArenaLayout::of(const Config& c, int rows, int max_context) {
   a.moe_routing_ints =
       size_t(rows) * size_t(c.num_experts_per_tok) + 2 * (size_t(c.num_local_experts) + 2);
   bytes += (a.moe_routing_ints * sizeof(int32_t) + 255) / 256 * 256;
+  a.router_tickets_offset = bytes;
+  a.router_tickets = size_t(rows);
+  bytes += (a.router_tickets * sizeof(int32_t) + 255) / 256 * 256;
   // The MMA kernels' inputs split into BF16 parts (split_bf16x3_words: 3/2 words per float):
-  // the largest input of a step's projections -- qkv and router read rows x hidden floats, o_proj
-  // rows x heads x head_dim, mlp2 rows x k x intermediate.
+  // qkv, mlp1 and lm_head read rows x hidden floats, o_proj rows x heads x head_dim; mlp2, in its
+  // own scratch, rows x k x intermediate.
   a.split_offset = bytes;
-  a.split_words = size_t(rows) *
-                  std::max({size_t(c.hidden_size),
-                            size_t(c.num_experts_per_tok) * size_t(c.intermediate_size),
-                            size_t(c.num_attention_heads) * size_t(c.head_dim)}) *
-                  3 / 2;
+  a.split_words =
+      size_t(rows) *
+      std::max(size_t(c.hidden_size), size_t(c.num_attention_heads) * size_t(c.head_dim)) * 3 / 2;
   bytes += (a.split_words * sizeof(uint32_t) + 255) / 256 * 256;
+  a.expert_split_offset = bytes;
+  a.expert_split_words =
+      size_t(rows) * size_t(c.num_experts_per_tok) * size_t(c.intermediate_size) * 3 / 2;
+  bytes += (a.expert_split_words * sizeof(uint32_t) + 255) / 256 * 256;
   a.workspace_offset = bytes;
   AttentionShape shape;
   shape.n_heads = c.num_attention_heads;

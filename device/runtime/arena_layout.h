@@ -14,8 +14,8 @@ namespace parity::device {
 size_t stage_row_floats(const Config& c, Stage s);
 
 // One allocation: every stage's output for `rows` rows at its offset (256-byte aligned; index
-// stages keep int32 rows in their slot), the MoE routing and the split-input workspaces, then the
-// attention output's split workspace. The scores/att rows, whose size depends on the positions,
+// stages keep int32 rows in their slot), the MoE routing and the two split-input workspaces, then
+// the attention output's split workspace. The scores/att rows, whose size depends on the positions,
 // are a second buffer (scores_bytes).
 struct ArenaLayout {
   int rows = 0;
@@ -25,10 +25,18 @@ struct ArenaLayout {
   // offsets (moe_routing_ints in device/kernels.h).
   size_t moe_routing_offset = 0;
   size_t moe_routing_ints = 0;
+  // int32 tickets of launch_f32_router (router_tickets in device/kernels.h: at most one per row),
+  // zero when allocated; the kernel leaves them zero.
+  size_t router_tickets_offset = 0;
+  size_t router_tickets = 0;
   // uint32 scratch of the MMA kernels: a projection's inputs split into BF16 parts
-  // (split_bf16x3_words in device/kernels.h), for the largest input of a step.
+  // (split_bf16x3_words in device/kernels.h), for the largest row-sized input of a step (qkv,
+  // o_proj, mlp1, lm_head), and apart from it for mlp2's (rows x k x intermediate), which mlp1's
+  // epilogue writes while mlp1 reads its own input's split.
   size_t split_offset = 0;
   size_t split_words = 0;
+  size_t expert_split_offset = 0;
+  size_t expert_split_words = 0;
   size_t workspace_offset = 0;
   size_t bytes = 0;
 

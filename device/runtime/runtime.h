@@ -5,6 +5,7 @@
 // uploads the step's rows. The parity backend (device/hip_backend.cpp) and the production engine
 // both run their kernels over it.
 #pragma once
+#include <array>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -62,15 +63,21 @@ class DeviceRuntime {
   // Device facts plus the runtime's sizes, as traces record them.
   nlohmann::json facts() const;
 
-  // Which stage output (of which layer) the arena's split-input scratch holds, written there with
-  // it by its producer (launch_f32_rmsnorm_split), so that the MMA kernel reading it next launches
-  // no split. launch_stage records and asks; forgotten when a step begins, when a kernel splits
-  // another input into the scratch, and when a stage output is written from the host.
+  // Which stage output (of which layer) each of the arena's split-input scratches
+  // (ActivationArena::split_of) holds, written there with it by its producer (the norms, the
+  // attention output, mlp1's SwiGLU epilogue), so that the MMA kernel reading it next launches no
+  // split. launch_stage records and asks; forgotten when a step begins, when a kernel splits
+  // another input into that scratch (forget_split(s): the scratch of s), and when a stage output
+  // is written from the host (forget_split()).
   bool split_holds(Stage s, int layer) const {
-    return split_source_.has_value() && split_source_->first == s && split_source_->second == layer;
+    const auto& src = split_source_[scratch_of(s)];
+    return src.has_value() && src->first == s && src->second == layer;
   }
-  void set_split_source(Stage s, int layer) { split_source_ = std::pair{s, layer}; }
-  void forget_split() { split_source_.reset(); }
+  void set_split_source(Stage s, int layer) { split_source_[scratch_of(s)] = std::pair{s, layer}; }
+  void forget_split(Stage s) { split_source_[scratch_of(s)].reset(); }
+  void forget_split() {
+    for (auto& src : split_source_) src.reset();
+  }
 
  private:
   void check_kernel_limits(const std::string& model) const;
@@ -85,7 +92,8 @@ class DeviceRuntime {
   std::unique_ptr<ActivationArena> arena_;
   std::unique_ptr<KvCachePool> kv_;
   Step step_;
-  std::optional<std::pair<Stage, int>> split_source_;
+  static size_t scratch_of(Stage s) { return s == Stage::swiglu ? 1 : 0; }  // as split_of
+  std::array<std::optional<std::pair<Stage, int>>, 2> split_source_;
 };
 
 }  // namespace parity::device
