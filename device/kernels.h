@@ -148,11 +148,12 @@ void launch_f32_router_topk_softmax(const float* logits, int batch, int n_expert
 // bias float or null; per expert one warp, fmaf in the GEMV's lane order, then a butterfly), then
 // idx and w as launch_f32_router_topk_softmax(select = true) computes them from those logits.
 // One block per row or per two rows, inputs staged in shared memory (at most kRouterMaxInputs);
-// at small batches a row's experts are spread over several blocks, the last to finish taking the
-// decision: `tickets` then holds at least router_tickets(B, E) int32 zeros, which the kernel
-// leaves zero. A row's results do not depend on the batch.
+// when a row's experts are spread over several blocks (small batches; more experts than one
+// block's warps), the last block to finish takes the decision: `tickets` then holds at least
+// router_tickets(B, E, in) int32 zeros, which the kernel leaves zero (at most one per row). A
+// row's results do not depend on the batch.
 inline constexpr int kRouterMaxInputs = 10240;
-size_t router_tickets(int batch, int n_experts);
+size_t router_tickets(int batch, int n_experts, int in);
 void launch_f32_router(const Matrix& weight, const float* bias, const float* x, int batch, int k,
                        float* logits, int32_t* idx, float* w, std::span<int32_t> tickets,
                        hipStream_t stream);

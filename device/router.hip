@@ -180,6 +180,20 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
 }
 
+// The fused router's launch: small steps take a block per row and a few experts (the row's
+// experts spread over blocks); larger ones every expert in one block (as many as its warps
+// cover), which two rows share from 64 rows on (each weight load then serves both).
+struct RouterLaunch {
+  int rows_per_block, threads, expert_blocks;
+};
+RouterLaunch router_launch(int batch, int n_experts, int in) {
+  const bool spread = batch <= kRouterSpreadMaxRows;
+  const int rb =
+      batch >= 64 && size_t(kRouterMaxRows) * in * sizeof(float) <= kRouterStagedBytes ? 2 : 1;
+  const int threads = spread ? kRouterSpreadThreads : kRouterThreads;
+  return {rb, threads, ceil_div(n_experts, threads / device_warp_size())};
+}
+
 }  // namespace
 
 void launch_f32_router(const Matrix& weight, const float* bias, const float* x, int batch, int k,
@@ -200,19 +214,13 @@ void launch_f32_router(const Matrix& weight, const float* bias, const float* x, 
                         kRouterStagedBytes / sizeof(float));
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = in % 8 == 0 && aligned16(x) && aligned16(weight.data);
-  // Small steps: a block per row and a few experts (the row's experts spread over blocks);
-  // larger: every expert in one block, which two rows share from 64 rows on (each weight load
-  // then serves both).
-  const bool spread = batch <= kRouterSpreadMaxRows;
-  const int rb =
-      batch >= 64 && size_t(kRouterMaxRows) * in * sizeof(float) <= kRouterStagedBytes ? 2 : 1;
-  const int threads = spread ? kRouterSpreadThreads : kRouterThreads;
-  const int expert_blocks = ceil_div(n_experts, threads / device_warp_size());
-  if (expert_blocks > 1)
-    PARITY_DEVICE_REQUIRE(tickets.data() != nullptr &&
-                              tickets.size() >= router_tickets(batch, n_experts),
-                          "launch_f32_router: ", router_tickets(batch, n_experts),
-                          " zeroed tickets needed, ", tickets.size(), " given");
+  const RouterLaunch l = router_launch(batch, n_experts, in);
+  const size_t tickets_needed = router_tickets(batch, n_experts, in);
+  PARITY_DEVICE_REQUIRE(tickets_needed == 0 ||
+                            (tickets.data() != nullptr && tickets.size() >= tickets_needed),
+                        "launch_f32_router: ", tickets_needed, " zeroed tickets needed, ",
+                        tickets.size(), " given");
+  const int rb = l.rows_per_block, threads = l.threads, expert_blocks = l.expert_blocks;
   const size_t smem = size_t(rb) * in * sizeof(float);
   dispatch_weight_type(weight.type, [&]<typename W>() {
     const W* wt = static_cast<const W*>(weight.data);
@@ -233,11 +241,9 @@ void launch_f32_router(const Matrix& weight, const float* bias, const float* x, 
   HIP_LAUNCH_CHECK("f32_router_logits_topk", stream);
 }
 
-size_t router_tickets(int batch, int n_experts) {
-  return batch <= kRouterSpreadMaxRows &&
-                 n_experts > kRouterSpreadThreads / device_warp_size()
-             ? size_t(batch)
-             : 0;
+size_t router_tickets(int batch, int n_experts, int in) {
+  const RouterLaunch l = router_launch(batch, n_experts, in);
+  return l.expert_blocks > 1 ? size_t(ceil_div(batch, l.rows_per_block)) : 0;
 }
 
 void launch_f32_router_topk_softmax(const float* logits, int batch, int n_experts, int k,
