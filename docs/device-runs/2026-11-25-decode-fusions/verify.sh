@@ -2,7 +2,8 @@
 # Device verification and benchmarks of a change that must keep every result bit for bit: the
 # new tree (/tmp/src) and the tree before it (/tmp/old), built side by side from git archives in
 # build-devdeps/ (src.tar.gz, old.tar.gz; NO_OLD=1 skips the old tree).
-# Steps: build tests sanitize bitwise bench quick ncu depth variants
+# Steps: build tests sanitize bitwise bench quick ncu depth variants prof kt ncurouter prefill
+# A warm machine keeps /tmp/src and /tmp/old from its last call: remove them to take new archives.
 #   bitwise: the 20b traced at positions 200 and 700 (replay on) and the tiny model, by both
 #            trees; every dataset of the candidate traces compared bit for bit (h5py), and the
 #            engine's greedy tokens at 64 requests compared.
