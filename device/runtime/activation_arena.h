@@ -38,7 +38,7 @@ class ActivationArena {
   }
   // The split scratch of stage s's output.
   std::span<uint32_t> split_of(Stage s) const {
-    return s == Stage::swiglu ? split_expert_inputs() : split_inputs();
+    return split_scratch_of(s) == 1 ? split_expert_inputs() : split_inputs();
   }
   // launch_f32_moe_linear's workspace reading stage `in`'s output: the routing scratch (the pairs
   // sorted by expert) and in's split scratch.

@@ -43,6 +43,12 @@ struct ArenaLayout {
   static ArenaLayout of(const Config& c, int rows, int max_context);
 };
 
+// Which of the two split-input scratches holds stage s's output split: 1 (expert_split_*) for
+// mlp2's input, swiglu; 0 (split_*) for every other.
+inline int split_scratch_of(Stage s) {
+  return s == Stage::swiglu ? 1 : 0;
+}
+
 // Bytes of the packed scores and att buffers for `floats` elements each.
 inline size_t scores_bytes(int64_t floats) {
   return 2 * size_t(floats) * sizeof(float);

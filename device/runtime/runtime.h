@@ -70,11 +70,13 @@ class DeviceRuntime {
   // another input into that scratch (forget_split(s): the scratch of s), and when a stage output
   // is written from the host (forget_split()).
   bool split_holds(Stage s, int layer) const {
-    const auto& src = split_source_[scratch_of(s)];
+    const auto& src = split_source_[size_t(split_scratch_of(s))];
     return src.has_value() && src->first == s && src->second == layer;
   }
-  void set_split_source(Stage s, int layer) { split_source_[scratch_of(s)] = std::pair{s, layer}; }
-  void forget_split(Stage s) { split_source_[scratch_of(s)].reset(); }
+  void set_split_source(Stage s, int layer) {
+    split_source_[size_t(split_scratch_of(s))] = std::pair{s, layer};
+  }
+  void forget_split(Stage s) { split_source_[size_t(split_scratch_of(s))].reset(); }
   void forget_split() {
     for (auto& src : split_source_) src.reset();
   }
@@ -92,7 +94,6 @@ class DeviceRuntime {
   std::unique_ptr<ActivationArena> arena_;
   std::unique_ptr<KvCachePool> kv_;
   Step step_;
-  static size_t scratch_of(Stage s) { return s == Stage::swiglu ? 1 : 0; }  // as split_of
   std::array<std::optional<std::pair<Stage, int>>, 2> split_source_;
 };
 
