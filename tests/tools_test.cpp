@@ -206,6 +206,23 @@ TEST(Tools, GoldenGatesAnyBackend) {
   EXPECT_EQ(r.exit_code, 1) << "float32 logits are not the float64 golden ones bit for bit";
 }
 
+TEST(Tools, BenchDecodesBatchesAndCountsTheSelectedExperts) {
+  const std::string tiny = "--model " + test::tiny_model_dir() + " --backend cpu-f32";
+  auto r = test::run_tool("parity-bench", tiny + " --batch 3 --start 4 --positions 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("batch 3: median "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at positions 4..5"), std::string::npos) << r.output;
+  // Three rows of k = 4 over 8 experts select between 4 and 8 of them in each layer.
+  const size_t at = r.output.find(" of 8 experts per layer selected");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const double selected = std::stod(r.output.substr(r.output.rfind(' ', at - 1) + 1));
+  EXPECT_GE(selected, 4.0) << r.output;
+  EXPECT_LE(selected, 8.0) << r.output;
+  r = test::run_tool("parity-bench", tiny + " --batch 2 --start 2147483647 --positions 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("exceed the model's context"), std::string::npos) << r.output;
+}
+
 TEST(Tools, SynthChecksItsLimitsBeforeWriting) {
   const std::string out = test::temp_dir("synth-limits");
   auto r = test::run_tool("parity-synth", "--preset tiny --stats-positions 2147483647 --out " + out);

@@ -2,21 +2,22 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <cstring>
-#include <fstream>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "model/error.h"
 #include "model/synth.h"
-#include "reference/cpu_backend.h"
 #include "model/untrusted.h"
+#include "reference/cpu_backend.h"
 #include "tools/version.h"
 #ifdef PARITY_HAVE_DEVICE
 #include "device/hip_backend.h"
@@ -71,6 +72,21 @@ std::unique_ptr<Backend> make_backend(const std::string& name_given, const Model
          name_given);
   fail("unknown backend {} (reference, cpu-f32, hip; cuda and gpu are names of hip)",
        quoted(name_given, 40));
+}
+
+std::unique_ptr<Backend> make_batched_backend(const std::string& name_given, const Model& model,
+                                              int sequences, int context) {
+#ifdef PARITY_HAVE_DEVICE
+  if (name_given == "hip" || name_given == "cuda" || name_given == "gpu") {
+    device::DeviceOptions o = device::device_options_from_environment();
+    if (o.max_context == 0) o.max_context = context;
+    if (o.kv_sequences > 0) o.kv_sequences = std::max(o.kv_sequences, sequences);
+    return make_hip_backend(model, o);
+  }
+#endif
+  (void)sequences;
+  (void)context;
+  return make_backend(name_given, model);
 }
 
 std::string default_candidate() {

@@ -26,6 +26,11 @@ std::string resolve_model(const std::string& model, const std::string& models_di
 // "reference", "cpu-f32", "hip" (when built with a device backend; "cuda" and "gpu" name it too).
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model);
 std::string default_candidate();  // hip when a device is present, else cpu-f32
+// make_backend for `sequences` sequences of up to `context` positions decoded together: the
+// device backend's KV cache holds them unless PARITY_DEVICE_KV_BYTES or
+// PARITY_DEVICE_MAX_CONTEXT says otherwise (the host backends hold any number).
+std::unique_ptr<Backend> make_batched_backend(const std::string& name, const Model& model,
+                                              int sequences, int context);
 
 // OpenMP workers that wait actively at barriers spin while another process holds the cores,
 // which made a two-thread step hundreds of times slower on a busy machine. libgomp reads its
