@@ -117,11 +117,16 @@ __device__ __forceinline__ int segment_of(const MmaArgs& a, int row, int& j) {
   return s;
 }
 
-// grid (ceil(rows / 16 MT), min(ceil(batch / 8 NT), 65535)); a block walks the batch tiles
-// blockIdx.y, + gridDim.y, ... Loads need no predicates: a row past the last reads the last row,
+// grid (ceil(rows / 16 MT), min(ceil(batch / 8 NT), 65535)): the row tiles along x; with
+// kTilesAlongX (ceil(batch / 8 NT), ceil(rows / 16 MT)): the batch tiles along x. x varies
+// fastest in the launch order, so the tiles along x run together: at decode the few batch tiles
+// of a row tile take its weights from DRAM once (along y, lm_head's second batch tile read its
+// 1.2 GB again after every first one had passed); at prefill the row tiles share each batch
+// tile's inputs (launch_mma picks; docs/measurements.md). A block walks the batch tiles along its
+// axis, + the grid's size there. Loads need no predicates: a row past the last reads the last row,
 // a batch row past the batch reads the first of the tile (their results are never written, and a
 // row's and a batch row's results depend on nothing else).
-template <int MT, int NT>
+template <int MT, int NT, bool kTilesAlongX>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     f32_bf16w_mma(const MmaArgs a, const uint4* split) {
   constexpr int kRows = 16 * MT, kCols = 8 * NT;
@@ -132,7 +137,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
   const int lane = int(threadIdx.x) % kMmaLanes, group = int(threadIdx.x) / kMmaLanes;
   const int g = lane / 4, t = lane % 4;
   const int rows = pick(a.row_end, a.nseg - 1);
-  const int j0 = int(blockIdx.x) * kRows;
+  const int j0 = int(kTilesAlongX ? blockIdx.y : blockIdx.x) * kRows;
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
   const MmaQuarter quarter = mma_quarter(chunks, group);
   const int c_begin = quarter.begin, c_end = quarter.end;
@@ -149,7 +154,9 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
                   4 * 2 * c_begin + t;
     }
   const int tiles = (a.batch + kCols - 1) / kCols;
-  for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
+  const int tile0 = int(kTilesAlongX ? blockIdx.x : blockIdx.y);
+  const int tile_step = int(kTilesAlongX ? gridDim.x : gridDim.y);
+  for (int tile = tile0; tile < tiles; tile += tile_step) {  // block-uniform
     const int b0 = tile * kCols, nb = min(kCols, a.batch - b0);
     const uint4* bp[NT];
 #pragma unroll
@@ -293,12 +300,22 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
   }
 }
 
+// Batch tiles up to which they go along x (kTilesAlongX): measured at batch 1 and 64 (one and
+// two tiles); prefill's many tiles were faster along y.
+constexpr int kMaxTilesAlongX = 2;
+
 template <int MT, int NT>
 void launch_mma(const MmaArgs& a, const uint4* split, hipStream_t stream) {
   const int rows = a.row_end[a.nseg - 1];
-  const dim3 grid(unsigned(ceil_div(rows, 16 * MT)),
-                  unsigned(std::min(ceil_div(a.batch, 8 * NT), 65535)));
-  f32_bf16w_mma<MT, NT><<<grid, kMmaThreads, 0, stream>>>(a, split);
+  const int row_tiles = ceil_div(rows, 16 * MT), batch_tiles = ceil_div(a.batch, 8 * NT);
+  if (batch_tiles <= kMaxTilesAlongX && row_tiles <= 65535) {  // y holds up to 65535
+    f32_bf16w_mma<MT, NT, true><<<dim3(unsigned(batch_tiles), unsigned(row_tiles)), kMmaThreads, 0,
+                                  stream>>>(a, split);
+    HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
+    return;
+  }
+  const dim3 grid(unsigned(row_tiles), unsigned(std::min(batch_tiles, 65535)));
+  f32_bf16w_mma<MT, NT, false><<<grid, kMmaThreads, 0, stream>>>(a, split);
   HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
 }
 

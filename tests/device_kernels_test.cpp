@@ -541,22 +541,23 @@ TEST_F(DeviceKernels, GemvResidualEpilogue) {
 }
 
 TEST_F(DeviceKernels, GemvRowResultDoesNotDependOnTheBatch) {
-  // The same row alone and as row 5 of 9 and of 40 (the MMA kernel's 8- and 32-row tiles; F16:
-  // the GEMV): bitwise equal (a fixed sequence per element, no atomics).
+  // The same row alone and as row 5 of 9, 20, 40 and 100 (the MMA kernel's 8- and 32-row tiles,
+  // two of them along the grid's x, three and four along y; F16: the GEMV): bitwise equal (a
+  // fixed sequence per element, no atomics).
   for (const WeightType type : {WeightType::bf16, WeightType::f16}) {
     SCOPED_TRACE(type_name(type));
     std::mt19937_64 rng(99);
     const int out = 300, in = 2880;
     const HostMatrix w = random_matrix(rng, type, size_t(out) * in);
-    const std::vector<float> x = random_floats(rng, size_t(40) * in, -1, 1);
+    const std::vector<float> x = random_floats(rng, size_t(100) * in, -1, 1);
     DeviceBuffer dw = upload(w.bytes), dx = upload(x);
     const GemvSegment seg{{type, dw.as(), out, in}, nullptr, 0};
-    const SplitScratch split(int64_t(40) * in);
+    const SplitScratch split(int64_t(100) * in);
     Output one(static_cast<size_t>(out));
     launch_f32_gemv_bias({&seg, 1}, dx.as<float>() + 5 * in, in, 1, one.ptr(), out, {},
                          {split.span()}, nullptr);
     const std::vector<float> o = one.fetch();
-    for (const int batch : {9, 40}) {
+    for (const int batch : {9, 20, 40, 100}) {
       Output all(size_t(batch) * out);
       launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {},
                            {split.span()}, nullptr);
