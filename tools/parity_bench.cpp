@@ -22,9 +22,21 @@ struct Work {
   double bytes = 0;  // weight bytes read per token
 };
 
+double bytes(const TensorView* t) {
+  return t ? double(t->nbytes) : 0.0;
+}
+
+// Weight bytes every token reads: the attention projections, the routers and lm_head.
+double dense_bytes(const Model& m) {
+  double b = bytes(m.lm_head.weight);
+  for (const auto& l : m.layers)
+    for (const Linear* lin : {&l.q, &l.k, &l.v, &l.o, &l.router})
+      b += bytes(lin->weight) + bytes(lin->bias);
+  return b;
+}
+
 // Weight bytes of one expert of a layer's mlp1 and mlp2 together.
 double expert_bytes(const LayerWeights& l) {
-  const auto bytes = [](const TensorView* t) { return t ? double(t->nbytes) : 0.0; };
   double b = 0;
   for (const ExpertLinear* e : {&l.mlp1, &l.mlp2})
     b += (bytes(e->blocks) + bytes(e->scales) + bytes(e->dense) + bytes(e->bias)) / e->experts;
@@ -49,17 +61,8 @@ Work work_per_token(const Model& m) {
   const double attn = H * (c.q_dim() + 2.0 * c.kv_dim()) + c.q_dim() * H;
   const double moe = H * c.num_local_experts + k * (H * 2 * I + I * H);
   w.macs = c.num_hidden_layers * (attn + moe) + H * c.vocab_size;
-  const auto bytes = [](const TensorView* t) { return t ? double(t->nbytes) : 0.0; };
-  for (const auto& l : m.layers) {
-    for (const Linear* lin : {&l.q, &l.k, &l.v, &l.o, &l.router})
-      w.bytes += bytes(lin->weight) + bytes(lin->bias);
-    for (const ExpertLinear* e : {&l.mlp1, &l.mlp2}) {
-      const double per_expert =
-          (bytes(e->blocks) + bytes(e->scales) + bytes(e->dense) + bytes(e->bias)) / e->experts;
-      w.bytes += k * per_expert;
-    }
-  }
-  w.bytes += bytes(m.lm_head.weight) + H * 2;  // lm_head plus one embedding row
+  w.bytes = dense_bytes(m) + H * 2;  // plus one embedding row
+  for (const auto& l : m.layers) w.bytes += k * expert_bytes(l);
   return w;
 }
 
@@ -93,11 +96,7 @@ StepBytes census_step(Backend& b, const Model& m, int batch, int p) {
   const Config& c = m.config;
   const Batch step = decode_batch(c, batch, p);
   StepBytes sb;
-  const auto bytes = [](const TensorView* t) { return t ? double(t->nbytes) : 0.0; };
-  for (const auto& l : m.layers)
-    for (const Linear* lin : {&l.q, &l.k, &l.v, &l.o, &l.router})
-      sb.dense += bytes(lin->weight) + bytes(lin->bias);
-  sb.dense += bytes(m.lm_head.weight) + double(batch) * c.hidden_size * 2;
+  sb.dense = dense_bytes(m) + double(batch) * c.hidden_size * 2;  // + the embedding rows
   b.begin_step(step);
   walk_graph(c, [&](int layer, Stage s) {
     b.run(s, layer);
