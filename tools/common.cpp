@@ -59,9 +59,15 @@ std::string resolve_model(const std::string& model, const std::string& models_di
        model, path.string(), model, path.string());
 }
 
+namespace {
+// The device backend is written in HIP and runs on AMD and NVIDIA: cuda and gpu name it too.
+std::string backend_name(const std::string& name_given) {
+  return name_given == "cuda" || name_given == "gpu" ? "hip" : name_given;
+}
+}  // namespace
+
 std::unique_ptr<Backend> make_backend(const std::string& name_given, const Model& model) {
-  // The device backend is written in HIP and runs on AMD and NVIDIA: cuda and gpu name it too.
-  const std::string name = name_given == "cuda" || name_given == "gpu" ? "hip" : name_given;
+  const std::string name = backend_name(name_given);
   if (name == "reference") return make_reference_backend(model);
   if (name == "cpu-f32") return make_cpu_f32_backend(model);
 #ifdef PARITY_HAVE_DEVICE
@@ -77,7 +83,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name_given, const Model
 std::unique_ptr<Backend> make_batched_backend(const std::string& name_given, const Model& model,
                                               int sequences, int context) {
 #ifdef PARITY_HAVE_DEVICE
-  if (name_given == "hip" || name_given == "cuda" || name_given == "gpu") {
+  if (backend_name(name_given) == "hip") {
     device::DeviceOptions o = device::device_options_from_environment();
     if (o.max_context == 0) o.max_context = context;
     if (o.kv_sequences > 0) o.kv_sequences = std::max(o.kv_sequences, sequences);
