@@ -218,9 +218,12 @@ TEST(Tools, BenchDecodesBatchesAndCountsTheSelectedExperts) {
   const double selected = std::stod(r.output.substr(r.output.rfind(' ', at - 1) + 1));
   EXPECT_GE(selected, 4.0) << r.output;
   EXPECT_LE(selected, 8.0) << r.output;
-  r = test::run_tool("parity-bench", tiny + " --batch 2 --start 2147483647 --positions 2");
+  r = test::run_tool("parity-bench", tiny + " --batch 2 --start 4090 --positions 16");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("exceed the model's context"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exceed the model's context 4096"), std::string::npos) << r.output;
+  r = test::run_tool("parity-bench", tiny + " --batch 2 --start 2147483647");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--start"), std::string::npos) << r.output;
 }
 
 TEST(Tools, SynthChecksItsLimitsBeforeWriting) {

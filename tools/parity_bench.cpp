@@ -197,7 +197,7 @@ int bench_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--start", start,
                  "with --batch: positions prefilled per sequence (untimed) before the timed steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, ConfigLimits::kMaxContext))
       ->capture_default_str();
   if (const auto done = parse_command_line(app, "parity-bench", argc, argv)) return *done;
   auto t0 = std::chrono::steady_clock::now();
