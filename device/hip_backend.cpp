@@ -20,6 +20,11 @@
 // o_proj; mlp2); the runtime records whose split each scratch holds, and write() forgets them, so
 // that consumer then splits the written values itself. Likewise scores appends k_rope and v again
 // when either was written since q_rope appended them.
+//
+// An untraced step (forward() with no observer and no injection) comes as one run_step(): the
+// same launches in the same order, through the runtime's step graphs (one captured graph per
+// step shape, replayed). A traced step runs stage by stage, so each read sees that stage's own
+// output of that layer.
 #include "device/hip_backend.h"
 
 #include <bitset>
@@ -31,6 +36,7 @@
 #include "device/runtime/runtime.h"
 #include "device/stage_launch.h"
 #include "model/error.h"
+#include "model/forward.h"
 
 namespace parity {
 namespace device {
@@ -58,6 +64,7 @@ class HipBackend final : public Backend {
 
   void begin_step(const Batch& b) override;
   void run(Stage s, int layer) override;
+  bool run_step() override;
   StageData read(Stage s, int layer, int row) override;
   void write(Stage s, int layer, int row, const StageData& data) override;
   void reset() override { rt_.clear(); }
@@ -75,6 +82,7 @@ class HipBackend final : public Backend {
 
   DeviceRuntime rt_;
   const Config& c_;
+  const std::vector<std::pair<int, Stage>> sequence_ = stage_sequence(c_);  // (layer, stage)
 
   // The current step, as the graph sees it.
   Batch batch_;
@@ -117,6 +125,18 @@ void HipBackend::run(Stage s, int layer) {
   }();
   overwritten_.reset(size_t(s));
   launch_stage(rt_, s, layer, stale);
+}
+
+bool HipBackend::run_step() {
+  if (batch_.rows() == 0) fail("hip backend: run_step() before begin_step");
+  rt_.run_step([&] {
+    for (const auto& [layer, s] : sequence_) launch_stage(rt_, s, layer, false);
+  });
+  for (const auto& [layer, s] : sequence_) {
+    ran_.set(size_t(s));
+    ran_layer_[size_t(s)] = layer;
+  }
+  return true;
 }
 
 void HipBackend::check_row(const char* what, Stage s, int layer, int row) const {

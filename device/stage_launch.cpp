@@ -37,7 +37,7 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
   const float eps = float(c.rms_norm_eps);
   const hipStream_t st = rt.stream();
   const StepRow* rows = rt.step().device_rows();
-  const int max_pos = rt.step().max_pos();
+  const int max_pos = rt.launch_max_pos();  // the attention grids' bound
   const DeviceWeights& w = rt.weights();
   const DeviceLayer* L = layer >= 0 ? &w.layer(layer) : nullptr;
   int32_t* topk_idx = arena.index_out(Stage::topk_idx);

@@ -24,7 +24,11 @@ using device::PinnedBuffer;
 class DeviceRunner final : public StepRunner {
  public:
   DeviceRunner(const Model& m, const device::DeviceOptions& o, bool kernel_times)
-      : rt_(m, o), c_(m.config), timed_(kernel_times) {}
+      : rt_(m, o), c_(m.config), timed_(kernel_times) {
+    for (const auto& [layer, s] : stage_sequence(c_))
+      if (layer != kModelLayer && !device::fused_into_producer(s))
+        layer_stages_.emplace_back(layer, s);
+  }
 
   std::string name() const override {
     return fmt::format("device {}: {}", rt_.device().index, rt_.device().describe());
@@ -38,6 +42,7 @@ class DeviceRunner final : public StepRunner {
   void release(int seq) override { rt_.release(seq); }
   void reset() override { rt_.clear(); }
   std::string kernel_times() const override;
+  std::string launches() const override;
 
  private:
   // Launches fn's kernels, timed under `label` when kernel times are on.
@@ -48,6 +53,7 @@ class DeviceRunner final : public StepRunner {
   DeviceRuntime rt_;
   const Config& c_;
   bool timed_ = false;
+  std::vector<std::pair<int, Stage>> layer_stages_;  // (layer, stage) of the layers, in order
   // The sampled rows of a step: their row indices, sampling parameters and tokens, staged in
   // pinned memory (one copy up, one copy down).
   int capacity_ = 0;
@@ -98,12 +104,18 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
                                         const SamplingParams& sampling) {
   rt_.make_current();
   rt_.begin_step(batch);
-  timed("embedding", [&] { launch_stage(rt_, Stage::embedding, kModelLayer, false); });
-  for (int layer = 0; layer < c_.num_hidden_layers; ++layer)
-    for (const auto& [l, s] : stage_sequence(c_)) {
-      if (l != layer || device::fused_into_producer(s)) continue;
+  // The embedding and the layers: one captured graph per step shape (the runtime's step graphs),
+  // or, with kernel times on, stage by stage between the timing events.
+  if (timed_) {
+    timed("embedding", [&] { launch_stage(rt_, Stage::embedding, kModelLayer, false); });
+    for (const auto& [layer, s] : layer_stages_)
       timed(std::string(parity::name(s)), [&] { launch_stage(rt_, s, layer, false); });
-    }
+  } else {
+    rt_.run_step([&] {
+      launch_stage(rt_, Stage::embedding, kModelLayer, false);
+      for (const auto& [layer, s] : layer_stages_) launch_stage(rt_, s, layer, false);
+    });
+  }
   const int n = int(samples.size());
   if (n == 0) {
     rt_.make_current();
@@ -170,6 +182,15 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
     pending_.clear();
   }
   return std::vector<TokenId>(tokens, tokens + n);
+}
+
+std::string DeviceRunner::launches() const {
+  const device::StepGraphs::Counts& n = rt_.graphs().counts();
+  const int64_t steps = n.direct + n.captured + n.replayed;
+  if (steps == 0) return {};  // none yet, or kernel times on (stage by stage)
+  return fmt::format(
+      "{} steps: {} replayed from a captured graph, {} captured, {} launched kernel by kernel",
+      steps, n.replayed, n.captured, n.direct);
 }
 
 std::string DeviceRunner::kernel_times() const {

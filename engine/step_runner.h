@@ -47,6 +47,9 @@ class StepRunner {
   virtual void reset() = 0;
   // Per-kernel device times accumulated so far, as a table (empty when not measured).
   virtual std::string kernel_times() const { return {}; }
+  // How the steps so far were launched, as one line ("12 steps: 3 captured as graphs, ..."); empty
+  // where it does not apply (the host runners).
+  virtual std::string launches() const { return {}; }
 };
 
 }  // namespace parity

@@ -90,6 +90,12 @@ class Backend {
   //   scores also appends this step's k_rope and v rows to the sequence's KV cache, so that a
   //   fault injected into k_rope or v reaches the cache as it would in a real bug.
   virtual void run(Stage s, int layer) = 0;
+  // The untraced step: every stage of the graph (walk_graph's order) with nothing read or
+  // written between them, as one call, for a backend that can launch them faster together (the
+  // `hip` backend: one captured graph). Afterwards read() sees what it would after run() of each
+  // stage in turn: each stage's output of its last layer. Returns false, having done nothing,
+  // where the backend has no such path; forward() then runs the stages one by one.
+  virtual bool run_step() { return false; }
   // Host copy of one row's output of the stage last run for (s, layer) in this step.
   virtual StageData read(Stage s, int layer, int row) = 0;
   // Overwrites one row's output (fault injection, replay). A later stage that reads it sees

@@ -75,8 +75,8 @@ class Observer {
 };
 
 // Runs one step of the graph on one backend. `observer` and `injection` may be null: then the
-// graph is only the list of backend calls and costs nothing more. The observer sees the rows of
-// sequence 0.
+// graph is only the list of backend calls and costs nothing more (the backend may run them as
+// one, Backend::run_step). The observer sees the rows of sequence 0.
 void forward(Backend& backend, const Batch& batch, Observer* observer = nullptr,
              const Injection* injection = nullptr);
 

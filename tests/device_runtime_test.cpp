@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -31,6 +32,7 @@
 #ifdef PARITY_HAVE_DEVICE
 #include "device/hip_backend.h"
 #include "device/runtime/runtime.h"
+#include "device/stage_launch.h"
 #include "model/forward.h"
 #endif
 
@@ -606,8 +608,10 @@ class ScopedEnv {
 TEST(DeviceOptions, FromTheEnvironment) {
   {
     ScopedEnv a("PARITY_DEVICE_MAX_CONTEXT", nullptr), b("PARITY_DEVICE_ROWS", nullptr),
-        k("PARITY_DEVICE_KV_BYTES", nullptr), s("PARITY_DEVICE_SYNC", nullptr);
+        k("PARITY_DEVICE_KV_BYTES", nullptr), s("PARITY_DEVICE_SYNC", nullptr),
+        g("PARITY_DEVICE_GRAPHS", nullptr);
     const DeviceOptions o = device_options_from_environment();
+    EXPECT_TRUE(o.graphs);
     EXPECT_EQ(o.max_context, 0);
     EXPECT_EQ(o.arena_rows, kDefaultArenaRows);
     EXPECT_EQ(o.kv_bytes, 0u);
@@ -632,6 +636,19 @@ TEST(DeviceOptions, FromTheEnvironment) {
     EXPECT_EQ(o.kv_bytes, 0u);
     EXPECT_EQ(o.kv_sequences, 0);  // from free memory
     EXPECT_FALSE(o.sync_after_launch);
+  }
+  {
+    ScopedEnv g("PARITY_DEVICE_GRAPHS", "0");
+    EXPECT_FALSE(device_options_from_environment().graphs);
+  }
+  for (const char* bad : {"yes", "2", "off"}) {
+    ScopedEnv g("PARITY_DEVICE_GRAPHS", bad);
+    try {
+      device_options_from_environment();
+      ADD_FAILURE() << "PARITY_DEVICE_GRAPHS=" << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("PARITY_DEVICE_GRAPHS"));
+    }
   }
   {
     ScopedEnv a("PARITY_DEVICE_MAX_CONTEXT", "-5");
@@ -776,6 +793,146 @@ TEST_F(DeviceRuntimeTest, StepUploadsItsRowsAndTables) {
   EXPECT_EQ(std::memcmp(rows.data(), host.rows.data(), rows.size() * sizeof(StepRow)), 0);
   EXPECT_EQ(tables, host.block_tables);
   EXPECT_EQ(rt.step().max_pos(), 5);
+}
+
+// ------------------------------------------------------------------ step graphs ---
+
+// Options for the step-graph tests: a context of 512 positions, so that decoding crosses a
+// launch bound (DeviceRuntime::kLaunchPositions) and the attention output's split (256 keys).
+DeviceOptions graph_options(bool graphs) {
+  DeviceOptions o;
+  o.kv_sequences = 4;
+  o.max_context = 512;
+  o.arena_rows = 8;
+  o.graphs = graphs;
+  return o;
+}
+
+// One step on the runtime the way the hip backend's untraced step runs it; the step's logits.
+std::vector<float> runtime_step(DeviceRuntime& rt, const Batch& b, StepGraphs::Launch* how) {
+  rt.begin_step(b);
+  const Config& c = rt.config();
+  *how = rt.run_step([&] {
+    for (const auto& [layer, s] : stage_sequence(c)) launch_stage(rt, s, layer, false);
+  });
+  std::vector<float> logits(size_t(b.rows()) * size_t(c.vocab_size));
+  HIP_CHECK(hipStreamSynchronize(rt.stream()));
+  HIP_CHECK(hipMemcpy(logits.data(), rt.arena().out(Stage::logits), logits.size() * sizeof(float),
+                      hipMemcpyDeviceToHost));
+  return logits;
+}
+
+TEST_F(DeviceRuntimeTest, AStepShapeIsCapturedOnItsSecondStepAndReplayedAfter) {
+  using Launch = StepGraphs::Launch;
+  DeviceRuntime on(*model_, graph_options(true)), off(*model_, graph_options(false));
+  std::vector<Launch> seen;
+  const auto both = [&](const Batch& b) {
+    Launch how = Launch::direct, off_how = Launch::direct;
+    const std::vector<float> got = runtime_step(on, b, &how);
+    const std::vector<float> want = runtime_step(off, b, &off_how);
+    EXPECT_EQ(off_how, Launch::direct);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+        << "the step at position " << b.positions.back();
+    seen.push_back(how);
+  };
+  both(rows_of(0, 0, 10, 5));  // a prefill of 10 rows
+  for (int p = 10; p < 14; ++p) both(Batch::single(int32_t(p % 97), p));
+  EXPECT_EQ(seen, (std::vector<Launch>{Launch::direct, Launch::direct, Launch::captured,
+                                       Launch::replayed, Launch::replayed}));
+  EXPECT_EQ(on.launch_max_pos(), DeviceRuntime::kLaunchPositions - 1);
+  EXPECT_EQ(on.graphs().size(), 1);
+  // Up to the launch bound and past it, where the attention output splits its keys: the new
+  // bound is a new shape.
+  for (int p = 14; p < 260; ++p) both(Batch::single(int32_t(p % 97), p));
+  EXPECT_EQ(on.launch_max_pos(), 2 * DeviceRuntime::kLaunchPositions - 1);
+  EXPECT_EQ(on.graphs().size(), 2);
+  const std::vector<Launch> crossing(seen.end() - 6, seen.end());  // positions 254 .. 259
+  EXPECT_EQ(crossing, (std::vector<Launch>{Launch::replayed, Launch::replayed, Launch::direct,
+                                           Launch::captured, Launch::replayed, Launch::replayed}));
+  // A second sequence beside the first: two rows a step, a shape of its own.
+  both(rows_of(1, 0, 20, 9));  // more rows than ever: the arena moves, the graphs go
+  EXPECT_EQ(on.graphs().size(), 0);
+  for (int i = 0; i < 4; ++i) both(join(Batch::single(3, 260 + i, 0), Batch::single(4, 20 + i, 1)));
+  EXPECT_EQ(on.graphs().size(), 1);
+  EXPECT_EQ(on.graphs().counts().captured, 3);
+  EXPECT_EQ(on.graphs().counts().replayed, int64_t(seen.size()) - 3 - on.graphs().counts().direct);
+}
+
+TEST_F(DeviceRuntimeTest, GraphLaunchedStepsAreTheStageByStageStepsBitForBit) {
+  auto on = make_hip_backend(*model_, graph_options(true));
+  auto off = make_hip_backend(*model_, graph_options(false));
+  EXPECT_EQ(on->facts().at("step_graphs"), true);
+  EXPECT_EQ(off->facts().at("step_graphs"), false);
+  // Two sequences decoding together from positions 200 and 40, past the launch bound at 256.
+  const auto steps = [](Backend& b) {
+    std::vector<float> all;
+    const auto step = [&](const Batch& batch) {
+      forward(b, batch);
+      for (int r = 0; r < batch.rows(); ++r) {
+        const StageData d = b.read(Stage::logits, kModelLayer, r);
+        all.insert(all.end(), d.f32.begin(), d.f32.end());
+      }
+    };
+    step(rows_of(0, 0, 200, 11));
+    step(rows_of(1, 0, 40, 12));
+    for (int i = 0; i < 80; ++i)
+      step(join(Batch::single(int32_t(i % 50), 200 + i, 0),
+                Batch::single(int32_t(i % 31), 40 + i, 1)));
+    return all;
+  };
+  const std::vector<float> want = steps(*off);
+  const std::vector<float> got = steps(*on);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+}
+
+// Every stage's row of every layer, as a trace records it.
+class Recorder final : public Observer {
+ public:
+  bool wants(int, int, Stage) const override { return true; }
+  void record(const StageKey& key, const StageData& data) override {
+    rows[{key.layer, int(key.stage)}] = data;
+  }
+  std::map<std::pair<int, int>, StageData> rows;
+};
+
+bool same_bits(const StageData& a, const StageData& b) {
+  if (a.type != b.type || a.dims != b.dims) return false;
+  if (a.type == StageData::Type::I32) return a.i32 == b.i32;
+  return a.f32.size() == b.f32.size() &&
+         std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * sizeof(float)) == 0;
+}
+
+TEST_F(DeviceRuntimeTest, ATracedStepAfterGraphStepsSeesEveryLayersOwnOutput) {
+  // Untraced steps replay a graph; the traced step among them runs stage by stage, and its
+  // rows are each layer's own, the values of a backend that never launched a graph.
+  const auto trace = [&](Backend& b) {
+    forward(b, rows_of(0, 0, 20, 7));
+    for (int p = 20; p < 30; ++p) forward(b, Batch::single(int32_t(p), p));
+    Recorder r;
+    forward(b, Batch::single(30, 30), &r);
+    forward(b, Batch::single(31, 31));  // and untraced again
+    r.rows[{kModelLayer, -1}] = b.read(Stage::logits, kModelLayer, 0);
+    return r.rows;
+  };
+  auto on = make_hip_backend(*model_, graph_options(true));
+  auto off = make_hip_backend(*model_, graph_options(false));
+  const auto want = trace(*off);
+  const auto got = trace(*on);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(got.size(), size_t(stages_per_position(model_->config)) + 1);
+  for (const auto& [key, data] : want) {
+    ASSERT_TRUE(got.count(key)) << "layer " << key.first << " stage " << key.second;
+    EXPECT_TRUE(same_bits(got.at(key), data))
+        << "layer " << key.first << " stage " << name(Stage(std::max(0, key.second)));
+  }
+  // Each layer's rows are its own: no stage shows one buffer for every layer.
+  for (const Stage s : {Stage::attn_norm, Stage::q_rope, Stage::attn_out, Stage::router,
+                        Stage::mlp1, Stage::resid_ffn})
+    for (int layer = 1; layer < model_->config.num_hidden_layers; ++layer)
+      EXPECT_FALSE(same_bits(got.at({layer, int(s)}), got.at({layer - 1, int(s)})))
+          << name(s) << " of layers " << layer - 1 << " and " << layer;
 }
 
 #endif  // PARITY_HAVE_DEVICE

@@ -2,6 +2,7 @@
 // the argmax of the logits the traced `hip` backend computes for the same tokens (same kernels),
 // its sampled tokens are the host sampler's on those logits, a request's tokens do not depend on
 // its batch, and a small paged KV cache still runs every request. Skipped without a GPU.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
@@ -38,8 +39,10 @@ std::vector<EngineRequest> requests(int count) {
 }
 
 // max_context 0: the traced backend's default (the attention kernels split keys by it).
-std::unique_ptr<StepRunner> device_runner(size_t kv_bytes = 0, int max_context = 0) {
+std::unique_ptr<StepRunner> device_runner(size_t kv_bytes = 0, int max_context = 0,
+                                          bool graphs = true) {
   device::DeviceOptions o;
+  o.graphs = graphs;
   o.max_context = max_context;
   o.kv_bytes = kv_bytes;
   o.kv_sequences = kv_bytes == 0 ? 64 : 0;
@@ -133,6 +136,22 @@ TEST_F(EngineDevice, ARequestsTokensDoNotDependOnItsBatch) {
     for (size_t i = 0; i < reqs.size(); ++i)
       EXPECT_EQ(results[i].generated, alone[i]) << "request " << i << " temperature "
                                                 << temperature;
+  }
+}
+
+TEST_F(EngineDevice, GraphLaunchedStepsGiveTheTokensOfKernelsLaunchedOneByOne) {
+  const auto reqs = requests(12);
+  for (const double temperature : {0.0, 0.9}) {
+    auto one_by_one = device_runner(0, 0, false);
+    const auto want = Engine(*one_by_one, options(6, 16, temperature)).run(reqs);
+    auto graphs = device_runner(0, 0, true);
+    const auto got = Engine(*graphs, options(6, 16, temperature)).run(reqs);
+    EXPECT_THAT(graphs->launches(), ::testing::ContainsRegex("[1-9][0-9]* replayed"));
+    EXPECT_THAT(one_by_one->launches(),
+                ::testing::HasSubstr(" 0 replayed from a captured graph, 0 captured,"));
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].generated, want[i].generated)
+          << "request " << i << " temperature " << temperature;
   }
 }
 

@@ -117,7 +117,7 @@ struct RunFlags {
   std::string model, models_dir, mode = "generate", input, output, backend;
   std::string gpus, kv_memory;
   bool text = false, harmony = false, allow_special = false, kernel_times = false;
-  bool no_progress = false;
+  bool no_progress = false, no_graphs = false;
   int max_tokens = 128, max_batch = 16, step_tokens = 256, context = 0;
   SamplingParams sampling;
 };
@@ -214,6 +214,7 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
           o.max_context = f.context;
           o.kv_bytes = kv_bytes;
           o.arena_rows = o.max_step_rows = std::max(f.step_tokens, f.max_batch);
+          o.graphs = !f.no_graphs;
           if (i == 0 && mpi_local_rank <= 0)
             o.log = [](const std::string& text) { std::cerr << text << std::flush; };
           w.runners[size_t(i)] = make_device_runner(*w.model, o, f.kernel_times);
@@ -227,6 +228,7 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
 #endif
   } else {
     if (f.kernel_times) fail("--kernel-times: the device backend's (--backend hip)");
+    if (f.no_graphs) fail("--no-graphs: the device backend's (--backend hip)");
     int kv_blocks = 0;
     const int block_size = device::kDefaultKvBlockSize;
     if (kv_bytes > 0) {
@@ -259,10 +261,14 @@ std::vector<TokenId> prompt_tokens(const Tokenizer& t, const std::string& prompt
   return harmony ? harmony_user_prompt(t, prompt) : t.encode(prompt, false);
 }
 
-void print_kernel_times(const Workers& w) {
-  for (size_t i = 0; i < w.runners.size(); ++i)
+// The device engines' kernel times (--kernel-times) and how their steps were launched.
+void print_device_reports(const Workers& w) {
+  for (size_t i = 0; i < w.runners.size(); ++i) {
     if (const std::string t = w.runners[i]->kernel_times(); !t.empty())
       std::cerr << fmt::format("run: kernel times, {}\n{}", w.names[i], t);
+    if (const std::string l = w.runners[i]->launches(); !l.empty())
+      std::cerr << fmt::format("run: {}: {}\n", w.names[i], l);
+  }
 }
 
 int generate(const RunFlags& f) {
@@ -280,7 +286,7 @@ int generate(const RunFlags& f) {
   });
   std::cout << decoder.finish() << "\n" << std::flush;
   std::cerr << summary_text(engine.stats(), {engine.stats()}, {w.names.front()});
-  print_kernel_times(w);
+  print_device_reports(w);
   return kExitOk;
 }
 
@@ -379,7 +385,7 @@ int getp(const RunFlags& f) {
     total.merge(e->stats());
   }
   std::cerr << summary_text(with_line_errors(total, p), per, w.names);
-  print_kernel_times(w);
+  print_device_reports(w);
   return code;
 }
 
@@ -413,7 +419,7 @@ int getp_mpi(const RunFlags& f, const MpiSession& mpi) {
     names.push_back(fmt::format("rank {}", r));
   }
   std::cerr << summary_text(with_line_errors(total, p), per, names);
-  print_kernel_times(w);
+  print_device_reports(w);
   return code;
 }
 #endif
@@ -476,6 +482,9 @@ int run_main(int argc, char** argv) {
   app.add_flag("--kernel-times", f.kernel_times,
                "hip: time each stage's kernels with device events and print the table");
   app.add_flag("--no-progress", f.no_progress, "getp: no progress display");
+  app.add_flag("--no-graphs", f.no_graphs,
+               "hip: launch each kernel of a step on its own (default: a step's layers as one "
+               "captured graph, replayed for the steps of its shape)");
   app.add_option("--max-batch", f.max_batch, "sequences running at once at most")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -26,13 +26,13 @@ void ActivationArena::allocate_scores(int64_t floats) {
   scores_capacity_ = floats;
 }
 
-void ActivationArena::reserve(int rows, int64_t scores_floats, hipStream_t stream) {
+bool ActivationArena::reserve(int rows, int64_t scores_floats, hipStream_t stream) {
   if (max_rows_ > 0 && rows > max_rows_)
     fail("activation arena: a step of {} rows exceeds the limit of {} rows per step", rows,
          max_rows_);
   const bool grow_rows = rows > layout_.rows;
   const bool grow_scores = scores_floats > scores_capacity_;
-  if (!grow_rows && !grow_scores) return;
+  if (!grow_rows && !grow_scores) return false;
   HIP_CHECK(hipStreamSynchronize(stream));  // the old buffers may still be in use
   if (grow_rows) {
     int cap = std::max(rows, 2 * layout_.rows);
@@ -40,6 +40,7 @@ void ActivationArena::reserve(int rows, int64_t scores_floats, hipStream_t strea
     allocate_rows(cap);
   }
   if (grow_scores) allocate_scores(std::max(scores_floats, 2 * scores_capacity_));
+  return true;
 }
 
 }  // namespace parity::device

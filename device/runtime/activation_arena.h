@@ -21,8 +21,8 @@ class ActivationArena {
 
   // Makes room for a step of `rows` rows and `scores_floats` scores/att elements: at least
   // doubles what it outgrows, after waiting for `stream` (the old buffers may be in use).
-  // Throws when rows exceeds max_rows.
-  void reserve(int rows, int64_t scores_floats, hipStream_t stream);
+  // Throws when rows exceeds max_rows. Returns whether the buffers moved.
+  bool reserve(int rows, int64_t scores_floats, hipStream_t stream);
 
   float* out(Stage s) const { return act_.as<float>(layout_.stage_offset[size_t(s)]); }
   // Index stages (topk_idx, sampled) keep int32 rows in their slot.

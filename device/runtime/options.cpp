@@ -7,6 +7,7 @@
 
 #include "model/config.h"
 #include "model/error.h"
+#include "model/untrusted.h"
 
 namespace parity::device {
 
@@ -99,6 +100,11 @@ DeviceOptions device_options_from_environment() {
   }
   if (const char* v = environment("PARITY_DEVICE_SYNC"))
     o.sync_after_launch = std::string(v) != "0";
+  if (const char* v = environment("PARITY_DEVICE_GRAPHS")) {
+    const std::string g = v;
+    if (g != "0" && g != "1") fail("PARITY_DEVICE_GRAPHS={}: expected 0 or 1", quoted(g));
+    o.graphs = g == "1";
+  }
   o.log = [](const std::string& line) { std::cerr << line; };
   return o;
 }

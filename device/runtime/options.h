@@ -42,6 +42,10 @@ struct DeviceOptions {
   // Synchronize after every kernel launch so that a fault names its kernel (debugging; process
   // wide once on).
   bool sync_after_launch = false;
+  // Untraced steps launched as captured graphs (device/runtime/step_graphs.h): one launch per
+  // step instead of one per kernel. Off with sync_after_launch (a graph cannot synchronize
+  // between its kernels).
+  bool graphs = true;
   // Verbose messages (the memory report at load); null: silent.
   std::function<void(const std::string&)> log;
 
@@ -59,6 +63,8 @@ struct DeviceOptions {
 //                              of 1024), or "free" for 90 % of the free memory; default: room
 //                              for 4 sequences of the context
 //   PARITY_DEVICE_SYNC         1: synchronize after every launch (names a faulting kernel)
+//   PARITY_DEVICE_GRAPHS       0: launch every kernel of an untraced step on its own (default 1:
+//                              the step as one captured graph)
 // The memory report at load goes to standard error. The device is the current one.
 DeviceOptions device_options_from_environment();
 

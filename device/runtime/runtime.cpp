@@ -1,5 +1,6 @@
 #include "device/runtime/runtime.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "device/hip_compat.h"
@@ -56,9 +57,28 @@ void DeviceRuntime::begin_step(const Batch& b) {
          options_.max_step_rows);
   kv_->blocks().begin_step(b, c_);  // validates; throws before anything changes
   StepLayout layout = build_step(b, c_, kv_->blocks());
-  arena_->reserve(b.rows(), layout.scores_floats, stream_.get());
-  step_.upload(std::move(layout), stream_.get());
+  // Both wait for the stream before they move a buffer, so no graph is in flight then.
+  const bool arena_moved = arena_->reserve(b.rows(), layout.scores_floats, stream_.get());
+  const bool step_moved = step_.upload(std::move(layout), stream_.get());
+  if (arena_moved || step_moved) graphs_.clear();
   forget_split();
+}
+
+int DeviceRuntime::launch_max_pos() const {
+  const int64_t covered =
+      (int64_t(step_.max_pos()) + kLaunchPositions) / kLaunchPositions * kLaunchPositions;
+  return int(std::min<int64_t>(covered, max_context_)) - 1;
+}
+
+StepGraphs::Launch DeviceRuntime::run_step(const std::function<void()>& launch) {
+  forget_split();
+  if (!options_.graphs || options_.sync_after_launch) return graphs_.direct(launch);
+  const StepGraphs::Launch how =
+      graphs_.run(StepShape{step_.rows(), launch_max_pos()}, stream_.get(), launch);
+  // A replay leaves the host's record of the split scratches as it was; forgetting them is
+  // always safe (a consumer then splits its input itself).
+  if (how == StepGraphs::Launch::replayed) forget_split();
+  return how;
 }
 
 void DeviceRuntime::make_current() const {
@@ -85,6 +105,7 @@ nlohmann::json DeviceRuntime::facts() const {
   f["kv_block_size"] = kv_->layout().block_size;
   f["kv_blocks"] = kv_->blocks().num_blocks();
   f["kv_bytes"] = kv_->bytes();
+  f["step_graphs"] = options_.graphs && !options_.sync_after_launch;
   return f;
 }
 

@@ -6,6 +6,7 @@
 // both run their kernels over it.
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "device/runtime/memory_report.h"
 #include "device/runtime/options.h"
 #include "device/runtime/step.h"
+#include "device/runtime/step_graphs.h"
 #include "device/runtime/stream.h"
 #include "model/backend.h"
 #include "model/checkpoint.h"
@@ -37,8 +39,22 @@ class DeviceRuntime {
   DeviceRuntime& operator=(const DeviceRuntime&) = delete;
 
   // Makes `b` the current step: validates it (nothing changes when it is refused), takes and
-  // releases KV blocks, grows the arena when needed, uploads the rows and block tables.
+  // releases KV blocks, grows the arena when needed (the step graphs then go: they launch on the
+  // old buffers), uploads the rows and block tables.
   void begin_step(const Batch& b);
+  // Launches the current step's kernels: `launch` enqueues every one of them on stream(), from
+  // the state begin_step leaves (no split scratch holding anything). With graphs on (the option,
+  // and no synchronization after every launch) through StepGraphs: a step of the previous step's
+  // shape is captured once and replayed after; else directly. Only an untraced step comes here:
+  // nothing may be read or written between its kernels.
+  StepGraphs::Launch run_step(const std::function<void()>& launch);
+  // The largest position the attention kernels' grids cover in this step: the step's largest
+  // position rounded up to a multiple of kLaunchPositions (less one; at most the context's
+  // last), so that one step graph serves kLaunchPositions consecutive decode positions. A block
+  // past its own row's position exits at once: no value depends on the bound.
+  static constexpr int kLaunchPositions = 256;
+  int launch_max_pos() const;
+  const StepGraphs& graphs() const { return graphs_; }
   void release(int seq) { kv_->blocks().release(seq); }  // a finished sequence's blocks
   void clear() { kv_->blocks().clear(); }                // every sequence
   // Every call runs on the calling thread's current device: a thread that drives runtimes of
@@ -95,6 +111,7 @@ class DeviceRuntime {
   std::unique_ptr<KvCachePool> kv_;
   Step step_;
   std::array<std::optional<std::pair<Stage, int>>, 2> split_source_;
+  StepGraphs graphs_;  // destroyed before the stream (the destructor waits for it first)
 };
 
 }  // namespace parity::device

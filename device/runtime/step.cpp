@@ -5,11 +5,12 @@
 
 namespace parity::device {
 
-void Step::upload(StepLayout layout, hipStream_t stream) {
+bool Step::upload(StepLayout layout, hipStream_t stream) {
   const size_t rows = layout.rows.size(), tables = layout.block_tables.size();
   // The pinned staging rows may still be in flight from the previous step's copy.
   uploaded_.synchronize();
-  if (rows > row_capacity_ || tables > table_capacity_) {
+  const bool grow = rows > row_capacity_ || tables > table_capacity_;
+  if (grow) {
     HIP_CHECK(hipStreamSynchronize(stream));  // the kernels of the last step may read dev_
     row_capacity_ = std::max(rows, 2 * row_capacity_);
     table_capacity_ = std::max<size_t>(tables, std::max<size_t>(64, 2 * table_capacity_));
@@ -26,6 +27,7 @@ void Step::upload(StepLayout layout, hipStream_t stream) {
   HIP_CHECK(hipMemcpyAsync(dev_.as(), staging, bytes, hipMemcpyHostToDevice, stream));
   uploaded_.record(stream);
   host_ = std::move(layout);
+  return grow;
 }
 
 }  // namespace parity::device

@@ -15,8 +15,8 @@ class Step {
  public:
   // Copies `layout` to the device on `stream` (asynchronously; the pinned staging copy is kept
   // until the copy is done). Grows the buffers first when the step is larger than any before,
-  // waiting for `stream`.
-  void upload(StepLayout layout, hipStream_t stream);
+  // waiting for `stream`; returns whether they moved.
+  bool upload(StepLayout layout, hipStream_t stream);
 
   const StepLayout& host() const { return host_; }  // the rows as uploaded
   int rows() const { return int(host_.rows.size()); }

@@ -17,7 +17,7 @@ struct StepLayout {
   // Each sequence of the step once, in order of its first row: its table of every layer group
   // that has layers (KvBlockManager::table), back to back. StepRow::kv_table indexes here.
   std::vector<int32_t> block_tables;
-  int max_pos = 0;            // the largest position of the step (launch grids)
+  int max_pos = 0;            // the largest position of the step (DeviceRuntime::launch_max_pos)
   int64_t scores_floats = 0;  // packed [nH, pos + 2] blocks of every row
 };
 
