@@ -233,5 +233,34 @@ step_graphs() {  # the new tree with its step graphs on and off, in one call
   cmp /tmp/g--no-graphs-N=1.txt /tmp/g--graphs-N=1.txt && echo "N=1 outputs identical with and without graphs" || echo "N=1 outputs DIFFER"
 }
 
+step_knobs() {  # experiment knobs of an experiment build (PARITY_X_*), each against the default
+  synth20b
+  local b=/tmp/src/build-device/bin
+  for v in "" PARITY_X_DENSE=deep PARITY_X_MOE_MT4=1 PARITY_X_DENSE=42 PARITY_X_DENSE=14; do
+    echo "[$v] $(env $v $b/parity_tests --gtest_filter='DeviceKernels.Gemv*:DeviceKernels.Moe*:DeviceKernels.Mxfp4*' --gtest_brief=1 2>&1 | tail -1)"
+  done
+  for i in 1 2; do
+    for v in "" PARITY_X_DENSE=deep; do
+      echo "[$v] b1: $(env $v $b/parity-bench --model $M/20b --backend hip --positions 128 --warmup 16 -q 2>&1 | tail -1 | grep -oE 'measured .*')"
+    done
+  done
+  for B in ${BATCHES:-8 32 64 128}; do
+    for v in "" PARITY_X_MOE_MT4=1 PARITY_X_DENSE=42 PARITY_X_DENSE=14; do
+      echo "[$v] $(env $v $b/parity-bench --model $M/20b --backend hip --batch $B --start 256 --positions 16 --warmup 2 -q 2>&1 | grep -E '^batch' | cut -c1-60)"
+    done
+  done
+}
+
+step_deep() {  # experiment: a deeper ring (3 chunks, 2 blocks per SM) for small-batch launches of few row tiles
+  synth20b
+  local b=/tmp/src/build-device/bin
+  echo "[PARITY_X_DEEP_MAX=264] $(PARITY_X_DEEP_MAX=264 $b/parity_tests --gtest_filter='DeviceKernels.Gemv*' --gtest_brief=1 2>&1 | tail -1)"
+  for i in 1 2 3; do
+    for v in "" PARITY_X_DEEP_MAX=264; do
+      echo "[$v] b1: $(env $v $b/parity-bench --model $M/20b --backend hip --positions 128 --warmup 16 -q 2>&1 | tail -1 | grep -oE 'measured .*')"
+    done
+  done
+}
+
 setup
 for s in "$@"; do echo "== $s $(date -u +%T)"; "step_$s"; done
