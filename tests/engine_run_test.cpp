@@ -210,6 +210,7 @@ TEST(EngineRun, BadEngineOptionsAreOneLineAndExitTwo) {
       {"--kv-memory 100", "less than one KV-cache block"},
       {"--kv-memory 12Q", "--kv-memory"},
       {"--kernel-times", "--kernel-times: the device backend's"},
+      {"--no-graphs", "--no-graphs: the device backend's"},
   };
   for (const auto& [flags, expected] : cases) {
     const auto r = test::run_tool("run", base + " " + flags);
