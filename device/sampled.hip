@@ -17,17 +17,59 @@ __device__ __forceinline__ bool ranks_before(float av, int ai, float bv, int bi)
   return ai < bi;
 }
 
-// One block per row: each thread scans a strided slice, then a warp and a block reduction.
+// The row's (value, index) pairs are totally ordered by ranks_before, so the winner does not
+// depend on the order a thread or the block visits them: each thread keeps its best over a
+// strided slice, kLoads loads in flight at a time (16-byte loads when the row allows), then a warp
+// and a block reduction. One block per row.
+constexpr int kLoads = 8;
+
+__device__ __forceinline__ void keep_best(float x, int i, float& v, int& idx, int none) {
+  if (idx == none || ranks_before(x, i, v, idx)) v = x, idx = i;
+}
+
 __global__ void __launch_bounds__(kThreads)
-    f32_argmax(const float* __restrict__ logits, int vocab, int32_t* __restrict__ token) {
+    f32_argmax(const float* __restrict__ logits, int vocab, bool vec, int32_t* __restrict__ token) {
   __shared__ float best_v[kThreads / 32];
   __shared__ int best_i[kThreads / 32];
   const float* row = logits + int64_t(blockIdx.x) * vocab;
   float v = NAN;
   int idx = vocab;  // none
-  for (int i = int(threadIdx.x); i < vocab; i += int(blockDim.x)) {
-    const float x = row[i];
-    if (idx == vocab || ranks_before(x, i, v, idx)) v = x, idx = i;
+  const int t = int(threadIdx.x), threads = int(blockDim.x);
+  if (vec) {  // vocab % 4 == 0, the rows 16-byte aligned
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int n4 = vocab / 4;
+    for (int base = t; base < n4; base += kLoads * threads) {
+      float4 x[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = base + u * threads;
+        if (i < n4) x[u] = row4[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = base + u * threads;
+        if (i < n4) {
+          keep_best(x[u].x, 4 * i, v, idx, vocab);
+          keep_best(x[u].y, 4 * i + 1, v, idx, vocab);
+          keep_best(x[u].z, 4 * i + 2, v, idx, vocab);
+          keep_best(x[u].w, 4 * i + 3, v, idx, vocab);
+        }
+      }
+    }
+  } else {
+    for (int base = t; base < vocab; base += kLoads * threads) {
+      float x[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = base + u * threads;
+        if (i < vocab) x[u] = row[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = base + u * threads;
+        if (i < vocab) keep_best(x[u], i, v, idx, vocab);
+      }
+    }
   }
 #pragma unroll
   for (int o = kWarpSize / 2; o > 0; o >>= 1) {
@@ -51,7 +93,8 @@ void launch_f32_argmax(const float* logits, int batch, int vocab, int32_t* token
                        hipStream_t stream) {
   PARITY_DEVICE_REQUIRE(logits != nullptr && token != nullptr && batch > 0 && vocab > 0,
                         "launch_f32_argmax: null pointer, empty batch or vocabulary");
-  f32_argmax<<<batch, kThreads, 0, stream>>>(logits, vocab, token);
+  const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  f32_argmax<<<batch, kThreads, 0, stream>>>(logits, vocab, vec, token);
   HIP_LAUNCH_CHECK("f32_argmax", stream);
 }
 

@@ -364,6 +364,28 @@ TEST_F(DeviceSampler, ReportsTheTimePerRow) {
   HIP_CHECK(hipEventDestroy(stop));
 }
 
+// The greedy kernel (launch_f32_argmax) against greedy_token on the same rows: every shape of
+// mixed_rows (ties, NaN and infinities, a single finite logit, none), 16-byte loads (vocabularies
+// of multiples of four, aligned rows) and single ones (other vocabularies, or rows one float off
+// alignment).
+TEST_F(DeviceSampler, ArgmaxIsTheCpusGreedyToken) {
+  for (const int vocab : {kGptOssVocab, 1, 3, 4, 100, 2049, 8191, 8192}) {
+    for (const int offset : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << ", offset " << offset);
+      const std::vector<Row> rows = mixed_rows(vocab, uint64_t(vocab) * 3 + uint64_t(offset));
+      std::vector<float> packed(static_cast<size_t>(offset), 0.0f);
+      for (const Row& r : rows) packed.insert(packed.end(), r.logits.begin(), r.logits.end());
+      const DeviceBuffer logits = upload(packed);
+      DeviceBuffer tokens(rows.size() * sizeof(int32_t));
+      launch_f32_argmax(logits.as<float>() + offset, int(rows.size()), vocab,
+                        tokens.as<int32_t>(), nullptr);
+      const std::vector<int32_t> got = download<int32_t>(tokens, rows.size());
+      for (size_t i = 0; i < rows.size(); ++i)
+        EXPECT_EQ(got[i], greedy_token(std::span<const float>(rows[i].logits))) << rows[i].what;
+    }
+  }
+}
+
 TEST_F(DeviceSampler, LauncherRejectsBadArguments) {
   DeviceBuffer buf(4096);
   const float* logits = buf.as<float>();

@@ -262,5 +262,17 @@ step_deep() {  # experiment: a deeper ring (3 chunks, 2 blocks per SM) for small
   done
 }
 
+step_argmax() {  # the argmax kernel: old and new trees at batch 1, and its device time under ncu
+  synth20b
+  for i in 1 2 3; do
+    for tree in old src; do
+      echo "$tree b1: $(/tmp/$tree/build-device/bin/parity-bench --model $M/20b --backend hip --positions 128 --warmup 16 -q 2>&1 | tail -1 | grep -oE 'measured .*')"
+    done
+  done
+  for tree in old src; do
+    echo "$tree argmax (ncu, us): $(cd /tmp/$tree && timeout 120 ncu --clock-control none --kernel-name regex:f32_argmax --metrics gpu__time_duration.sum --csv build-device/bin/parity-bench --model $M/20b --backend hip --positions 4 --warmup 0 -q 2>/dev/null | grep f32_argmax | awk -F'","' '{print $NF}' | tr -d '"' | tr '\n' ' ')"
+  done
+}
+
 setup
 for s in "$@"; do echo "== $s $(date -u +%T)"; "step_$s"; done
