@@ -672,6 +672,15 @@ TEST(DeviceOptions, ByteSizes) {
 
 #ifdef PARITY_HAVE_DEVICE
 
+// One untraced step; every row's logits appended to `all`, in order.
+void forward_logits(Backend& b, const Batch& batch, std::vector<float>& all) {
+  forward(b, batch);
+  for (int r = 0; r < batch.rows(); ++r) {
+    const StageData d = b.read(Stage::logits, kModelLayer, r);
+    all.insert(all.end(), d.f32.begin(), d.f32.end());
+  }
+}
+
 class DeviceRuntimeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -692,13 +701,7 @@ class DeviceRuntimeTest : public ::testing::Test {
   // sequence `seq`; every row's logits, in order.
   static std::vector<float> run(Backend& b, int prompt, int decode, int seq = 0) {
     std::vector<float> all;
-    const auto step = [&](const Batch& batch) {
-      forward(b, batch);
-      for (int r = 0; r < batch.rows(); ++r) {
-        const StageData d = b.read(Stage::logits, kModelLayer, r);
-        all.insert(all.end(), d.f32.begin(), d.f32.end());
-      }
-    };
+    const auto step = [&](const Batch& batch) { forward_logits(b, batch, all); };
     Batch p;
     for (int i = 0; i < prompt; ++i) {
       p.tokens.push_back((7 + 31 * i) % 1024);
@@ -867,13 +870,7 @@ TEST_F(DeviceRuntimeTest, GraphLaunchedStepsAreTheStageByStageStepsBitForBit) {
   // Two sequences decoding together from positions 200 and 40, past the launch bound at 256.
   const auto steps = [](Backend& b) {
     std::vector<float> all;
-    const auto step = [&](const Batch& batch) {
-      forward(b, batch);
-      for (int r = 0; r < batch.rows(); ++r) {
-        const StageData d = b.read(Stage::logits, kModelLayer, r);
-        all.insert(all.end(), d.f32.begin(), d.f32.end());
-      }
-    };
+    const auto step = [&](const Batch& batch) { forward_logits(b, batch, all); };
     step(rows_of(0, 0, 200, 11));
     step(rows_of(1, 0, 40, 12));
     for (int i = 0; i < 80; ++i)
