@@ -326,14 +326,23 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
       ap[m] = packed_blocks + tile_chunk * kMmaLanes + lane;
       sp[m] = packed_scales + tile_chunk * 8 + g;
     }
-    // A ring of kPrefetch chunks of weights in flight: chunk c + kPrefetch is loaded into the slot
-    // chunk c leaves (the chunks are still summed in order). Small tiles also load the next
-    // chunk's split inputs (B) while the current one is summed, so that no MMA waits on a load
-    // issued just before it; large tiles (their registers full) load B where it is used.
+    // The weights in flight, a ring of chunks: chunk c + kPrefetch is loaded while chunk c is
+    // summed (the chunks are still summed in order). Pair mode keeps kPrefetch + 1 slots, the
+    // loop unrolled over them, so that chunk c is summed from its slot while chunk c + kPrefetch
+    // goes into the slot chunk c - 1 left: every slot a fixed set of registers, no chunk copied
+    // (the copies were a fifth of its instructions; 10 % of its time at batch 1 on the H100).
+    // Grouped tiles keep kPrefetch slots and copy chunk c out before its slot is loaded again:
+    // with the extra slot they spilled and were slower (docs/measurements.md). Small tiles also
+    // load the next chunk's split inputs (B) while the current one is summed, so that no MMA
+    // waits on a load issued just before it; large tiles (their registers full) load B where it
+    // is used.
+    constexpr bool kCopyRing = kGrouped;
+    constexpr int kSlots = kCopyRing ? kPrefetch<NT> : kPrefetch<NT> + 1;
     constexpr bool kPrefetchB = NT == 1;
-    uint4 wq[kPrefetch<NT>][MT];
-    uint32_t sq[kPrefetch<NT>][MT];
-    uint4 bnext[2][3][NT];
+    constexpr int kSlotsB = kPrefetchB ? (kCopyRing ? 1 : 2) : 0;
+    uint4 wq[kSlots][MT];
+    uint32_t sq[kSlots][MT];
+    uint4 bq[kSlotsB > 0 ? kSlotsB : 1][2][3][NT];
     int next = c_begin;  // the chunk the next load() reads
     const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
       const bool live = next < c_end;
@@ -363,7 +372,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     };
 #pragma unroll
     for (int u = 0; u < kPrefetch<NT>; ++u) load(wq[u], sq[u]);
-    if constexpr (kPrefetchB) load_b(c_begin, bnext);
+    if constexpr (kPrefetchB) load_b(c_begin, bq[0]);
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -373,32 +382,39 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.0f;
 
-    for (int c0 = c_begin; c0 < c_end; c0 += kPrefetch<NT>) {
-      static_for<kPrefetch<NT>>([&](auto u_) {
+    for (int c0 = c_begin; c0 < c_end; c0 += kSlots) {
+      static_for<kSlots>([&](auto u_) {
         constexpr int u = decltype(u_)::value;
         const int c = c0 + u;
         if (c >= c_end) return;
-        uint4 w[MT], bx[2][3][NT];
-        uint32_t s[MT];
+        uint4 wc[MT], bc[2][3][NT];  // copies of chunk c (copy ring), or B where used
+        uint32_t sc[MT];
+        if constexpr (kCopyRing) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m) wc[m] = wq[u][m], sc[m] = sq[u][m];
+        }
+        const uint4(&w)[MT] = kCopyRing ? wc : wq[u];
+        const uint32_t(&s)[MT] = kCopyRing ? sc : sq[u];
         uint32_t above = 0;
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          w[m] = wq[u][m], s[m] = sq[u][m];
-          above |= e8m0_any_above_128(s[m]);
-        }
+        for (int m = 0; m < MT; ++m) above |= e8m0_any_above_128(s[m]);
         // Scales of at most 2^1 (every practical checkpoint's) take one multiply per word, the
         // multipliers built two at a time; the same BF16 multiply as mxfp4_word_to_bf16's.
         const bool small_scales = !__any(above != 0u);
-        load(wq[u], sq[u]);
+        constexpr int to = kCopyRing ? u : (u + kPrefetch<NT>) % kSlots;  // chunk c + kPrefetch
+        load(wq[to], sq[to]);
         if constexpr (kPrefetchB) {
+          if constexpr (kCopyRing) {
 #pragma unroll
-          for (int b = 0; b < 2; ++b)
+            for (int b = 0; b < 2; ++b)
 #pragma unroll
-            for (int q = 0; q < 3; ++q)
+              for (int q = 0; q < 3; ++q)
 #pragma unroll
-              for (int j = 0; j < NT; ++j) bx[b][q][j] = bnext[b][q][j];
-          load_b(c + 1, bnext);
+                for (int j = 0; j < NT; ++j) bc[b][q][j] = bq[0][b][q][j];
+          }
+          load_b(c + 1, bq[kCopyRing ? 0 : (u + 1) % 2]);
         }
+        uint4(&bx)[2][3][NT] = kPrefetchB && !kCopyRing ? bq[kCopyRing ? 0 : u % 2] : bc;
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
           if (2 * c + b >= groups) return;  // group-uniform
