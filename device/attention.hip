@@ -141,6 +141,7 @@ __global__ void __launch_bounds__(1024)
                          const StepRow* __restrict__ rows, const float* __restrict__ probs,
                          float* __restrict__ workspace, float* __restrict__ out,
                          uint32_t* __restrict__ out_split) {
+  allow_next_grid_start();  // o_proj may load its weights meanwhile
   extern __shared__ float smem[];
   const int r = int(blockIdx.z), kvh = int(blockIdx.y), s = int(blockIdx.x);
   const int pos = rows[r].pos, cols = pos + 2;
@@ -230,6 +231,7 @@ __global__ void __launch_bounds__(kThreads)
     f32_attention_pv_combine(AttentionShape a, int split_keys, int max_splits,
                              const StepRow* __restrict__ rows, const float* __restrict__ workspace,
                              float* __restrict__ out, uint32_t* __restrict__ out_split) {
+  allow_next_grid_start();  // o_proj may load its weights meanwhile
   const int r = int(blockIdx.x);
   const int splits = (rows[r].pos + split_keys) / split_keys;
   if (splits == 1) return;

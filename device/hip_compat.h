@@ -16,6 +16,7 @@
 #include <atomic>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__) || \
     (defined(__HIP__) && !defined(__HIP_PLATFORM_NVIDIA__))
@@ -79,6 +80,17 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   const uint32_t lo = __float_as_uint(bf16_lo(x) * bf16_lo(y)) >> 16;
   const uint32_t hi = __float_as_uint(bf16_hi(x) * bf16_hi(y)) & 0xffff0000u;
   return hi | lo;
+}
+// Programmatic dependent launch (the NVIDIA branch says what it is): stream order already makes a
+// kernel wait for the one before it here, so both are nothing.
+__device__ __forceinline__ void wait_for_previous_grid() {}
+__device__ __forceinline__ void allow_next_grid_start() {}
+// A launch that may start before the kernel before it ends (NVIDIA): here a plain launch.
+template <typename... Params, typename... Args>
+inline hipError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                      hipStream_t stream, Args&&... args) {
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  return hipGetLastError();
 }
 #endif
 }  // namespace parity::device
@@ -227,6 +239,39 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   uint32_t r;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(0x80008000u));
   return r;
+}
+// Programmatic dependent launch (sm_90): a kernel launched by launch_programmatic may start while
+// the kernel before it in the stream still runs, once every block of that one has called
+// allow_next_grid_start (or ended); it must call wait_for_previous_grid, which returns when the
+// kernel before has completed and its writes are visible, before it reads anything that kernel
+// may write or writes anything it may read. What it does before (loading weights, which no
+// kernel writes during a step) overlaps the end of the kernel before.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// The launch itself: cudaLaunchKernelEx with programmatic stream serialization allowed (captured
+// into a step graph as a programmatic edge).
+template <typename... Params, typename... Args>
+inline cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                       size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 }  // namespace parity::device
 #endif  // __CUDACC__

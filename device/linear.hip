@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     constexpr bool kPrefetchB = NT == 1;
     uint4 wq[kDepth][MT][2][2];
     uint4 bq[kPrefetchB ? kDepth : 1][2][3][NT];
-    int next = c_begin;
-    const auto load = [&](uint4 (&w)[MT][2][2], uint4 (&bx)[2][3][NT]) {
-      const bool live = next < c_end, live1 = live && 2 * next + 1 < groups;
+    int next_a = c_begin, next_b = c_begin;  // the chunks the next loads of A and B read
+    const auto load_a = [&](uint4(&w)[MT][2][2]) {
+      const bool live = next_a < c_end, live1 = live && 2 * next_a + 1 < groups;
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -196,7 +196,11 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
           }
           ap[m][h] += 8;
         }
+      ++next_a;
+    };
+    const auto load_b = [&](uint4(&bx)[2][3][NT]) {
       if constexpr (kPrefetchB) {
+        const bool live = next_b < c_end, live1 = live && 2 * next_b + 1 < groups;
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
@@ -206,12 +210,20 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
               if (b == 0 ? live : live1) bx[b][q][jt] = bp[jt][12 * b + 4 * q];
 #pragma unroll
         for (int jt = 0; jt < NT; ++jt) bp[jt] += 24;
+        ++next_b;
       }
-      ++next;
     };
+    const auto load = [&](uint4(&w)[MT][2][2], uint4(&bx)[2][3][NT]) {
+      load_a(w);
+      load_b(bx);
+    };
+    // The first chunks' weights, then (launched by launch_programmatic) the wait for the kernel
+    // before, which writes the split inputs: the weights' loads overlap its end.
+    static_for<kDepth>([&](auto d_) { load_a(wq[decltype(d_)::value]); });
+    wait_for_previous_grid();
     static_for<kDepth>([&](auto d_) {
       constexpr int d = decltype(d_)::value;
-      load(wq[d], bq[kPrefetchB ? d : 0]);
+      load_b(bq[kPrefetchB ? d : 0]);
     });
     for (int c0 = c_begin; c0 < c_end; c0 += kDepth) {
       static_for<kDepth>([&](auto d_) {
@@ -308,14 +320,17 @@ template <int MT, int NT>
 void launch_mma(const MmaArgs& a, const uint4* split, hipStream_t stream) {
   const int rows = a.row_end[a.nseg - 1];
   const int row_tiles = ceil_div(rows, 16 * MT), batch_tiles = ceil_div(a.batch, 8 * NT);
+  // Launched to overlap the end of the kernel before (wait_for_previous_grid in the kernel).
   if (batch_tiles <= kMaxTilesAlongX && row_tiles <= 65535) {  // y holds up to 65535
-    f32_bf16w_mma<MT, NT, true><<<dim3(unsigned(batch_tiles), unsigned(row_tiles)), kMmaThreads, 0,
-                                  stream>>>(a, split);
+    HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, true>,
+                                  dim3(unsigned(batch_tiles), unsigned(row_tiles)),
+                                  dim3(kMmaThreads), 0, stream, a, split));
     HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
     return;
   }
   const dim3 grid(unsigned(row_tiles), unsigned(std::min(batch_tiles, 65535)));
-  f32_bf16w_mma<MT, NT, false><<<grid, kMmaThreads, 0, stream>>>(a, split);
+  HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, false>, grid, dim3(kMmaThreads), 0, stream,
+                                a, split));
   HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
 }
 

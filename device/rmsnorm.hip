@@ -19,6 +19,7 @@ template <typename W, bool kSplit>
 __global__ void __launch_bounds__(kNormThreads)
     f32_rmsnorm_w_vec(const float* __restrict__ x, const W* __restrict__ weight, int n, float eps,
                       float* __restrict__ y, uint32_t* __restrict__ split) {
+  allow_next_grid_start();  // the projection after it may load its weights meanwhile
   __shared__ float scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
@@ -68,6 +69,7 @@ template <typename W>
 __global__ void __launch_bounds__(kNormThreads)
     f32_rmsnorm_w(const float* __restrict__ x, const W* __restrict__ weight, int n, float eps,
                   float* __restrict__ y) {
+  allow_next_grid_start();  // the projection after it may load its weights meanwhile
   __shared__ float scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;

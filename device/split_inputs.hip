@@ -17,6 +17,7 @@ namespace {
 
 __global__ void __launch_bounds__(256)
     split_bf16x3(const float* x, int64_t blocks, uint32_t* split) {
+  allow_next_grid_start();  // a projection after it may load its weights meanwhile
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= blocks * 4) return;
   const int64_t b = i / 4;
