@@ -339,10 +339,11 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     constexpr bool kCopyRing = kGrouped;
     constexpr int kSlots = kCopyRing ? kPrefetch<NT> : kPrefetch<NT> + 1;
     constexpr bool kPrefetchB = NT == 1;
-    constexpr int kSlotsB = kPrefetchB ? (kCopyRing ? 1 : 2) : 0;
+    // B's ring: two slots in pair mode; one otherwise (unused, or copied out like the weights).
+    constexpr int kSlotsB = kPrefetchB && !kCopyRing ? 2 : 1;
     uint4 wq[kSlots][MT];
     uint32_t sq[kSlots][MT];
-    uint4 bq[kSlotsB > 0 ? kSlotsB : 1][2][3][NT];
+    uint4 bq[kSlotsB][2][3][NT];
     int next = c_begin;  // the chunk the next load() reads
     const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
       const bool live = next < c_end;
@@ -412,9 +413,9 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
 #pragma unroll
                 for (int j = 0; j < NT; ++j) bc[b][q][j] = bq[0][b][q][j];
           }
-          load_b(c + 1, bq[kCopyRing ? 0 : (u + 1) % 2]);
+          load_b(c + 1, bq[(u + 1) % kSlotsB]);
         }
-        uint4(&bx)[2][3][NT] = kPrefetchB && !kCopyRing ? bq[kCopyRing ? 0 : u % 2] : bc;
+        uint4(&bx)[2][3][NT] = kSlotsB == 2 ? bq[u % kSlotsB] : bc;
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
           if (2 * c + b >= groups) return;  // group-uniform
