@@ -10,7 +10,11 @@
 // The cache is paged (KvCacheView): key j of a row lives in block table[j / block_size] of its
 // sequence. Only addresses go through the table; every sum runs in the same order as over a
 // contiguous cache, so the results do not depend on the block size or the blocks' placement.
+// Rows of one sequence (a prefill chunk) go in query tiles (QueryTiles): the scores and output
+// kernels of a tile read each key and value once for all of its rows and keep several sums per
+// thread in registers, each sum still the same chain of operations as the one-row kernels'.
 #include <algorithm>
+#include <climits>
 
 #include "device/device_math.h"
 #include "device/split_inputs.h"
@@ -244,6 +248,226 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ------------------------------------------------------------------ query tiles (prefill) ---
+// A tile's (row, head) pairs go eight at a time to a group of 32 threads: pair p = rr g + hh is
+// head kvh g + hh of the tile's row rr.
+constexpr int kTilePairs = 8;
+constexpr int kGroupThreads = 32;
+constexpr int kPvTileKeys = 64;  // keys per shared-memory tile of the tiled output kernel
+constexpr int kTiledThreads = 256;  // at most, per block of the tiled kernels
+static_assert(kScoreTile == 2 * kGroupThreads, "the tiled scores take two keys per thread");
+
+__host__ __device__ inline int tile_pair_groups(int g) {
+  return (kQueryTileRows * g + kTilePairs - 1) / kTilePairs;
+}
+
+// The rows of tile `tile`, their positions and first visible keys, in shared memory.
+struct TileRows {
+  int r0, n, max_pos, min_first;
+};
+__device__ TileRows load_tile_rows(const AttentionShape& a, const StepRow* rows,
+                                   const int32_t* tile_first, int tile, int (&pos)[kQueryTileRows],
+                                   int64_t (&offset)[kQueryTileRows]) {
+  TileRows t;
+  t.r0 = tile_first[tile];
+  t.n = tile_first[tile + 1] - t.r0;
+  for (int rr = int(threadIdx.x); rr < t.n; rr += int(blockDim.x)) {
+    pos[rr] = rows[t.r0 + rr].pos;
+    offset[rr] = rows[t.r0 + rr].scores_offset;
+  }
+  __syncthreads();
+  t.max_pos = 0;
+  t.min_first = INT_MAX;
+  for (int rr = 0; rr < t.n; ++rr) {
+    t.max_pos = max(t.max_pos, pos[rr]);
+    t.min_first = min(t.min_first, first_visible_key(pos[rr], a.window));
+  }
+  return t;
+}
+
+// grid (key tiles of kScoreTile, nKV, query tiles), block kGroupThreads tile_pair_groups(g)
+// threads, at most kTiledThreads (a group then takes several pair groups in turn). Thread (group,
+// lane) computes keys j0 + lane and j0 + lane + 32 for the eight pairs of its group: q (eight
+// pairs) and k (a tile of keys, padded rows) come from shared memory four inputs at a time, each
+// score the sequential fmaf chain of f32_attention_scores_gqa_sink.
+__global__ void __launch_bounds__(kTiledThreads)
+    f32_attention_scores_tiled(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
+                               const int32_t* __restrict__ tile_first, const float* __restrict__ q,
+                               const float* __restrict__ sinks, float* __restrict__ scores) {
+  extern __shared__ float4 smem4[];
+  __shared__ int pos[kQueryTileRows];
+  __shared__ int64_t offset[kQueryTileRows];
+  const int kvh = int(blockIdx.y), j0 = int(blockIdx.x) * kScoreTile;
+  const TileRows tr = load_tile_rows(a, rows, tile_first, int(blockIdx.z), pos, offset);
+  if (j0 > tr.max_pos) return;  // block-uniform
+  const int d = a.head_dim, g = a.n_heads / a.n_kv, pairs = tr.n * g, quads = d / 4;
+  const int t = int(threadIdx.x), threads = int(blockDim.x);
+  const auto row_of = [&](int pair) -> float* {  // the pair's scores row, column 0
+    const int rr = pair / g;
+    return scores + offset[rr] + int64_t(kvh * g + pair % g) * (pos[rr] + 2);
+  };
+  if (blockIdx.x == 0)
+    for (int x = t; x < pairs; x += threads) row_of(x)[pos[x / g] + 1] = sinks[kvh * g + x % g];
+  if (j0 + kScoreTile <= tr.min_first) {  // the tile is outside every row's window
+    for (int x = t; x < pairs * kScoreTile; x += threads) {
+      const int pair = x / kScoreTile, j = j0 + x % kScoreTile;
+      if (j <= pos[pair / g]) row_of(pair)[j] = -INFINITY;
+    }
+    return;
+  }
+  const int pairs8 = (pairs + kTilePairs - 1) / kTilePairs * kTilePairs, ldk = d + 4;
+  float* q_s = reinterpret_cast<float*>(smem4);            // [pairs8][d]
+  float* k_s = q_s + tile_pair_groups(g) * kTilePairs * d;  // [kScoreTile][d + 4]
+  for (int x = t; x < pairs8 * quads; x += threads) {
+    const int pair = x / quads, c = x % quads;
+    float4 v{0, 0, 0, 0};
+    if (pair < pairs)
+      v = *reinterpret_cast<const float4*>(
+          q + (int64_t(tr.r0 + pair / g) * a.n_heads + kvh * g + pair % g) * d + 4 * c);
+    *reinterpret_cast<float4*>(q_s + pair * d + 4 * c) = v;
+  }
+  // Keys no row of the tile sees read the tile's last row's instead (always there) and are zeroed.
+  const int kv_dim = a.n_kv * d;
+  const int32_t* table = row_table(kv, a, rows[tr.r0]);
+  const float* kc = kv.blocks + int64_t(kvh) * d;
+  for (int x = t; x < kScoreTile * quads; x += threads) {
+    const int jj = x / quads, c = x % quads, j = j0 + jj;
+    const bool present = j >= tr.min_first && j <= tr.max_pos;
+    float4 v = *reinterpret_cast<const float4*>(
+        kc + kv_row_offset(kv, table, a.kv_slot, 0, present ? j : tr.max_pos, kv_dim) + 4 * c);
+    if (!present) v = float4{0, 0, 0, 0};
+    *reinterpret_cast<float4*>(k_s + jj * ldk + 4 * c) = v;
+  }
+  __syncthreads();
+  const int lane = t % kGroupThreads, groups = threads / kGroupThreads;
+  for (int pg = t / kGroupThreads; pg * kTilePairs < pairs; pg += groups) {
+    float acc[kTilePairs][2] = {};
+    const float* k0 = k_s + lane * ldk;
+    const float* k1 = k_s + (lane + kGroupThreads) * ldk;
+    const float* qg = q_s + pg * kTilePairs * d;
+    for (int c = 0; c < quads; ++c) {
+      const float4 x0 = *reinterpret_cast<const float4*>(k0 + 4 * c);
+      const float4 x1 = *reinterpret_cast<const float4*>(k1 + 4 * c);
+#pragma unroll
+      for (int p = 0; p < kTilePairs; ++p) {
+        const float4 y = *reinterpret_cast<const float4*>(qg + p * d + 4 * c);
+        acc[p][0] = fmaf(y.x, x0.x, acc[p][0]);
+        acc[p][0] = fmaf(y.y, x0.y, acc[p][0]);
+        acc[p][0] = fmaf(y.z, x0.z, acc[p][0]);
+        acc[p][0] = fmaf(y.w, x0.w, acc[p][0]);
+        acc[p][1] = fmaf(y.x, x1.x, acc[p][1]);
+        acc[p][1] = fmaf(y.y, x1.y, acc[p][1]);
+        acc[p][1] = fmaf(y.z, x1.z, acc[p][1]);
+        acc[p][1] = fmaf(y.w, x1.w, acc[p][1]);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < kTilePairs; ++p) {
+      const int pair = pg * kTilePairs + p;
+      if (pair >= pairs) break;
+      const int rp = pos[pair / g], first = first_visible_key(rp, a.window);
+      float* out = row_of(pair);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int j = j0 + lane + u * kGroupThreads;
+        if (j <= rp) out[j] = j >= first ? acc[p][u] * a.scale : -INFINITY;
+      }
+    }
+  }
+}
+
+// grid (splits, nKV, query tiles), block tile_pair_groups(g) d / 4 threads (rounded up to 32;
+// the threads past them only load): thread (group, c)
+// sums, for the eight pairs of its group, P[h][j] v_j[4c .. 4c + 3] over the keys of split s in
+// order, exactly as f32_attention_pv_gqa does for each row (a key outside a row's range, or a
+// zero probability, adds nothing: the tile's probabilities there are stored as 0). Values and
+// probabilities go through shared memory kPvTileKeys keys at a time.
+__global__ void __launch_bounds__(kTiledThreads)
+    f32_attention_pv_tiled(AttentionShape a, KvCacheView kv, int split_keys, int max_splits,
+                           const StepRow* __restrict__ rows, const int32_t* __restrict__ tile_first,
+                           const float* __restrict__ probs, float* __restrict__ workspace,
+                           float* __restrict__ out, uint32_t* __restrict__ out_split) {
+  allow_next_grid_start();  // o_proj may load its weights meanwhile
+  extern __shared__ float4 smem4[];
+  __shared__ int pos[kQueryTileRows];
+  __shared__ int64_t offset[kQueryTileRows];
+  const int kvh = int(blockIdx.y), s = int(blockIdx.x);
+  const TileRows tr = load_tile_rows(a, rows, tile_first, int(blockIdx.z), pos, offset);
+  if (s >= (tr.max_pos + split_keys) / split_keys) return;  // block-uniform
+  const int d = a.head_dim, g = a.n_heads / a.n_kv, pairs = tr.n * g, quads = d / 4;
+  const int t = int(threadIdx.x), threads = int(blockDim.x);
+  const int c = t % quads, pg = t / quads;
+  const int pairs8 = (pairs + kTilePairs - 1) / kTilePairs * kTilePairs, ldp = kPvTileKeys + 1;
+  const int j_begin = max(s * split_keys, tr.min_first);
+  const int j_end = min((s + 1) * split_keys, tr.max_pos + 1);
+  const int kv_dim = a.n_kv * d;
+  const int32_t* table = row_table(kv, a, rows[tr.r0]);
+  float* v_s = reinterpret_cast<float*>(smem4);  // [kPvTileKeys][d]
+  float* p_s = v_s + kPvTileKeys * d;             // [pairs8][kPvTileKeys + 1]
+  float4 acc[kTilePairs] = {};
+  for (int j0 = j_begin; j0 < j_end; j0 += kPvTileKeys) {  // block-uniform
+    const int n = min(kPvTileKeys, j_end - j0);
+    for (int x = t; x < n * quads; x += threads) {
+      const int jj = x / quads, cc = x % quads;
+      const float* v = kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j0 + jj, kv_dim) +
+                       int64_t(kvh) * d + 4 * cc;
+      *reinterpret_cast<float4*>(v_s + jj * d + 4 * cc) = *reinterpret_cast<const float4*>(v);
+    }
+    for (int x = t; x < pairs8 * kPvTileKeys; x += threads) {
+      const int pair = x / kPvTileKeys, jj = x % kPvTileKeys, j = j0 + jj;
+      float p = 0.0f;
+      if (pair < pairs && jj < n) {
+        const int rr = pair / g, rp = pos[rr];
+        const int lo = max(s * split_keys, first_visible_key(rp, a.window));
+        const int hi = min((s + 1) * split_keys, rp + 1);
+        if (j >= lo && j < hi)
+          p = probs[offset[rr] + int64_t(kvh * g + pair % g) * (rp + 2) + j];
+      }
+      p_s[pair * ldp + jj] = p;
+    }
+    __syncthreads();
+    if (pg * kTilePairs < pairs) {
+      const float* pr = p_s + pg * kTilePairs * ldp;
+      for (int jj = 0; jj < n; ++jj) {
+        const float4 v = *reinterpret_cast<const float4*>(v_s + jj * d + 4 * c);
+#pragma unroll
+        for (int p = 0; p < kTilePairs; ++p) {
+          const float w = pr[p * ldp + jj];
+          if (w != 0.0f) {  // as f32_attention_pv_gqa: a zero probability adds nothing
+            acc[p].x = fmaf(w, v.x, acc[p].x);
+            acc[p].y = fmaf(w, v.y, acc[p].y);
+            acc[p].z = fmaf(w, v.z, acc[p].z);
+            acc[p].w = fmaf(w, v.w, acc[p].w);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the tile is read before the next one overwrites it
+  }
+  if (pg * kTilePairs >= pairs) return;
+#pragma unroll
+  for (int p = 0; p < kTilePairs; ++p) {
+    const int pair = pg * kTilePairs + p;
+    if (pair >= pairs) break;
+    const int rr = pair / g, r = tr.r0 + rr, h = kvh * g + pair % g;
+    const int splits = (pos[rr] + split_keys) / split_keys;
+    if (s >= splits) continue;
+    if (splits == 1) {
+      const int64_t f = (int64_t(r) * a.n_heads + h) * d + 4 * c;
+      *reinterpret_cast<float4*>(out + f) = acc[p];
+      if (out_split != nullptr) {
+        split_bf16x3_write1(acc[p].x, out_split, f);
+        split_bf16x3_write1(acc[p].y, out_split, f + 1);
+        split_bf16x3_write1(acc[p].z, out_split, f + 2);
+        split_bf16x3_write1(acc[p].w, out_split, f + 3);
+      }
+    } else {
+      *reinterpret_cast<float4*>(workspace + ((int64_t(r) * max_splits + s) * a.n_heads + h) * d +
+                                 4 * c) = acc[p];
+    }
+  }
+}
+
 void check_shape(const AttentionShape& a, const char* launcher) {
   PARITY_DEVICE_REQUIRE(a.n_heads > 0 && a.n_kv > 0 && a.n_heads % a.n_kv == 0, launcher,
                         ": heads ", a.n_heads, " must be a positive multiple of kv heads ", a.n_kv);
@@ -262,6 +486,40 @@ void check_kv(const AttentionShape& a, const KvCacheView& kv, const char* launch
                         kv.slots);
 }
 
+// True when the launch goes by query tiles: some rows share a tile, every head's inputs come in
+// 16-byte quads and `addresses` (the buffers read and written by quads, or-ed) are aligned.
+bool takes_tiles(const AttentionShape& a, const QueryTiles& tiles, int batch, uintptr_t addresses) {
+  return tiles.first != nullptr && tiles.count > 0 && tiles.count < batch &&
+         a.head_dim % 4 == 0 && addresses % 16 == 0;
+}
+
+size_t tiled_scores_smem(const AttentionShape& a) {
+  const int g = a.n_heads / a.n_kv;
+  return (size_t(tile_pair_groups(g)) * kTilePairs * a.head_dim +
+          size_t(kScoreTile) * (a.head_dim + 4)) *
+         sizeof(float);
+}
+
+// The one-row output kernel (f32_attention_pv_gqa).
+void pv_rows(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows, int batch,
+             int threads, int split_keys, int max_splits, int splits, const float* probs,
+             float* workspace, float* out, uint32_t* split, hipStream_t stream) {
+  const int g = a.n_heads / a.n_kv;
+  // Keys per shared-memory tile: as many as a thread's share of the loads covers (kPvMaxQuads
+  // value units and kPvMaxProbs probabilities per thread), at most kPvTile.
+  const int units = a.head_dim % 4 == 0 ? a.head_dim / 4 : a.head_dim;
+  const int tile = std::min({kPvTile, kPvMaxQuads * threads / units, kPvMaxProbs * threads / g});
+  PARITY_DEVICE_REQUIRE(tile >= 1, "launch_f32_attention_pv: ", g, " heads of dimension ",
+                        a.head_dim, " leave no key per tile");
+  const size_t smem = size_t(tile) * size_t(a.head_dim + g) * sizeof(float);
+  PARITY_DEVICE_REQUIRE(smem <= 48 * 1024, "launch_f32_attention_pv: a tile of ", tile,
+                        " keys needs ", smem, " bytes of shared memory (limit 48 KiB)");
+  const dim3 grid(unsigned(splits), unsigned(a.n_kv), unsigned(batch));
+  f32_attention_pv_gqa<<<grid, threads, smem, stream>>>(a, kv, split_keys, max_splits, tile, rows,
+                                                        probs, workspace, out, split);
+  HIP_LAUNCH_CHECK("f32_attention_pv_gqa", stream);
+}
+
 }  // namespace
 
 void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
@@ -276,7 +534,8 @@ void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, 
 
 void launch_f32_attention_scores(const AttentionShape& a, const KvCacheView& kv,
                                  const StepRow* rows, int batch, int max_pos, const float* q,
-                                 const float* sinks, float* scores, hipStream_t stream) {
+                                 const float* sinks, float* scores, hipStream_t stream,
+                                 const QueryTiles& tiles) {
   check_shape(a, "launch_f32_attention_scores");
   check_kv(a, kv, "launch_f32_attention_scores");
   PARITY_DEVICE_REQUIRE(
@@ -290,7 +549,19 @@ void launch_f32_attention_scores(const AttentionShape& a, const KvCacheView& kv,
   PARITY_DEVICE_REQUIRE(smem <= 48 * 1024, "launch_f32_attention_scores: ", g,
                         " heads per KV head of dimension ", a.head_dim, " need ", smem,
                         " bytes of shared memory (limit 48 KiB)");
-  const dim3 grid(unsigned(ceil_div(max_pos + 1, kScoreTile)), unsigned(a.n_kv), unsigned(batch));
+  const unsigned key_tiles = unsigned(ceil_div(max_pos + 1, kScoreTile));
+  if (takes_tiles(a, tiles, batch, reinterpret_cast<uintptr_t>(q))) {
+    const size_t tiled = tiled_scores_smem(a);
+    if (tiled <= 48 * 1024) {
+      const dim3 grid(key_tiles, unsigned(a.n_kv), unsigned(tiles.count));
+      const int threads = std::min(kGroupThreads * tile_pair_groups(g), kTiledThreads);
+      f32_attention_scores_tiled<<<grid, threads, tiled, stream>>>(a, kv, rows, tiles.first, q,
+                                                                    sinks, scores);
+      HIP_LAUNCH_CHECK("f32_attention_scores_tiled", stream);
+      return;
+    }
+  }
+  const dim3 grid(key_tiles, unsigned(a.n_kv), unsigned(batch));
   f32_attention_scores_gqa_sink<<<grid, kThreads, smem, stream>>>(a, kv, rows, q, sinks, scores);
   HIP_LAUNCH_CHECK("f32_attention_scores_gqa_sink", stream);
 }
@@ -307,7 +578,8 @@ void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, c
 
 void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
                              int batch, int max_pos, const float* probs, float* workspace,
-                             float* out, std::span<uint32_t> out_split, hipStream_t stream) {
+                             float* out, std::span<uint32_t> out_split, hipStream_t stream,
+                             const QueryTiles& tiles) {
   check_shape(a, "launch_f32_attention_pv");
   check_kv(a, kv, "launch_f32_attention_pv");
   PARITY_DEVICE_REQUIRE(rows != nullptr && probs != nullptr && out != nullptr && batch > 0,
@@ -337,19 +609,21 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
   PARITY_DEVICE_REQUIRE(splits == 1 || workspace != nullptr,
                         "launch_f32_attention_pv: positions past ", split_keys,
                         " keys need the split workspace");
-  // Keys per shared-memory tile: as many as a thread's share of the loads covers (kPvMaxQuads
-  // value units and kPvMaxProbs probabilities per thread), at most kPvTile.
-  const int units = a.head_dim % 4 == 0 ? a.head_dim / 4 : a.head_dim;
-  const int tile = std::min({kPvTile, kPvMaxQuads * threads / units, kPvMaxProbs * threads / g});
-  PARITY_DEVICE_REQUIRE(tile >= 1, "launch_f32_attention_pv: ", g, " heads of dimension ",
-                        a.head_dim, " leave no key per tile");
-  const size_t smem = size_t(tile) * size_t(a.head_dim + g) * sizeof(float);
-  PARITY_DEVICE_REQUIRE(smem <= 48 * 1024, "launch_f32_attention_pv: a tile of ", tile,
-                        " keys needs ", smem, " bytes of shared memory (limit 48 KiB)");
-  const dim3 grid(unsigned(splits), unsigned(a.n_kv), unsigned(batch));
-  f32_attention_pv_gqa<<<grid, threads, smem, stream>>>(a, kv, split_keys, max_splits, tile, rows,
-                                                        probs, workspace, out, split);
-  HIP_LAUNCH_CHECK("f32_attention_pv_gqa", stream);
+  const int pv_threads = ceil_div(tile_pair_groups(g) * (a.head_dim / 4), 32) * 32;
+  const size_t pv_smem = (size_t(kPvTileKeys) * a.head_dim +
+                          size_t(tile_pair_groups(g)) * kTilePairs * (kPvTileKeys + 1)) *
+                         sizeof(float);
+  if (takes_tiles(a, tiles, batch, reinterpret_cast<uintptr_t>(out) |
+                                       reinterpret_cast<uintptr_t>(workspace)) &&
+      pv_threads <= kTiledThreads && pv_smem <= 48 * 1024) {
+    const dim3 grid(unsigned(splits), unsigned(a.n_kv), unsigned(tiles.count));
+    f32_attention_pv_tiled<<<grid, pv_threads, pv_smem, stream>>>(
+        a, kv, split_keys, max_splits, rows, tiles.first, probs, workspace, out, split);
+    HIP_LAUNCH_CHECK("f32_attention_pv_tiled", stream);
+  } else {
+    pv_rows(a, kv, rows, batch, threads, split_keys, max_splits, splits, probs, workspace, out,
+            split, stream);
+  }
   if (splits > 1) {
     f32_attention_pv_combine<<<batch, kThreads, 0, stream>>>(a, split_keys, max_splits, rows,
                                                              workspace, out, split);

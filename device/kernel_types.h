@@ -89,6 +89,17 @@ struct StepRow {
   int64_t scores_offset = 0;  // element offset of the row's [nH, pos+2] block in scores/att
 };
 
+// Rows of one sequence that the attention kernels take together, reading the sequence's keys and
+// values once for all of them: tile t is rows [first[t], first[t + 1]) (first[count] = the
+// batch), consecutive rows of one sequence, at most kQueryTileRows of them (build_step makes
+// them). count 0, or a tile per row: the kernels take one row at a time. Either way every score
+// and every output is computed in the same order: the bits do not depend on the tiles.
+inline constexpr int kQueryTileRows = 8;
+struct QueryTiles {
+  const int32_t* first = nullptr;  // device, count + 1 entries
+  int count = 0;
+};
+
 // The paged KV cache as the attention kernels see it. The pool is an array of blocks; a block
 // holds `block_size` consecutive positions of one sequence for every layer of one group:
 //   [block][slot (the layer's place in its group)][K, V][position in block][nKV d]  float

@@ -116,10 +116,13 @@ void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, 
 // scores (per row, packed at scores_offset): S[h][j] = (q_h . k_{h / g, j}) * scale for visible
 // j (j <= pos; sliding: pos - j < window), -inf for masked j <= pos, S[h][pos + 1] = sinks[h]
 // (raw). GQA: query head h reads KV head h / g, g = nH / nKV. Split over the key axis in tiles.
-// `max_pos` is the largest position of the batch (grid size; a host value).
+// `max_pos` is the largest position of the batch (grid size; a host value). With `tiles`
+// (QueryTiles: rows of one sequence together), one block computes a tile's rows from one read of
+// each key; the scores are bitwise those of the one-row kernel.
 void launch_f32_attention_scores(const AttentionShape& a, const KvCacheView& kv,
                                  const StepRow* rows, int batch, int max_pos, const float* q,
-                                 const float* sinks, float* scores, hipStream_t stream);
+                                 const float* sinks, float* scores, hipStream_t stream,
+                                 const QueryTiles& tiles = {});
 
 // softmax with the sink column: P[h][:] = softmax(S[h][0 .. pos + 1]) per row and head;
 // m = max, p = exp(s - m) / sum(exp(s - m)); masked (-inf) entries give exactly 0.
@@ -131,13 +134,15 @@ void launch_f32_softmax_with_sink(int n_heads, const StepRow* rows, int batch, c
 // of attention_split_keys(max_context) (device/kernel_types.h); partial sums (workspace,
 // attention_workspace_floats) are combined in chunk order. out (B, nH d). With `out_split`
 // not empty (at least split_bf16x3_words(B nH d) words; nH d as attention_out_writes_split says),
-// out's split into BF16 parts (launch_split_bf16x3's words) is written too, for o_proj.
+// out's split into BF16 parts (launch_split_bf16x3's words) is written too, for o_proj. `tiles`
+// as for the scores: one read of each value for a tile's rows, the same bits.
 inline bool attention_out_writes_split(const AttentionShape& a) {
   return int64_t(a.n_heads) * a.head_dim % 32 == 0;
 }
 void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
                              int batch, int max_pos, const float* probs, float* workspace,
-                             float* out, std::span<uint32_t> out_split, hipStream_t stream);
+                             float* out, std::span<uint32_t> out_split, hipStream_t stream,
+                             const QueryTiles& tiles = {});
 
 // router: top-k of the logits g (B, E) (descending; ties: lowest expert index), then
 // w = softmax(g[idx]) over the k selected only. With select = false, idx is read (it was

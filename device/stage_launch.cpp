@@ -105,7 +105,7 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       if (recompute)
         launch_f32_kv_cache_append(a, kv, rows, B, out(Stage::k_rope), out(Stage::v), st);
       launch_f32_attention_scores(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
-                                  arena.scores(), st);
+                                  arena.scores(), st, rt.step().device_query_tiles());
       break;
     }
     case Stage::att:
@@ -116,7 +116,8 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       const AttentionShape a = rt.attention_shape(layer);
       const bool split = attention_out_writes_split(a);
       launch_f32_attention_pv(a, rt.kv_view(), rows, B, max_pos, arena.att(), arena.workspace(),
-                              out(s), split ? arena.split_of(s) : std::span<uint32_t>{}, st);
+                              out(s), split ? arena.split_of(s) : std::span<uint32_t>{}, st,
+                              rt.step().device_query_tiles());
       if (split) rt.set_split_source(s, layer);
       break;
     }

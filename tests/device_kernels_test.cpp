@@ -19,14 +19,15 @@
 #include <span>
 #include <vector>
 
-#include "device/runtime/device_buffer.h"
-#include "tests/device_test_util.h"
 #include "device/hip_backend.h"
 #include "device/kernels.h"
+#include "device/runtime/device_buffer.h"
+#include "device/runtime/step_layout.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/numerics.h"
 #include "reference/ops.h"
+#include "tests/device_test_util.h"
 
 namespace parity::device {
 namespace {
@@ -739,10 +740,16 @@ class AttentionCase {
     split_ = on;
     return *this;
   }
+  // Whether the scores and output kernels take the rows in query tiles (as build_step makes
+  // them: consecutive rows of one sequence, at most kQueryTileRows).
+  AttentionCase& tiled(bool on) {
+    tiled_ = on;
+    return *this;
+  }
   std::string describe() const {
     return fmt::format(
-        "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={}", heads_,
-        kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_);
+        "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={} tiled={}",
+        heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_);
   }
   struct Result {
     std::vector<float> scores, probs, out;
@@ -829,14 +836,18 @@ class AttentionCase {
         out(size_t(B) * heads_ * d_);
     const int max_pos = P - 1;
     const StepRow* dr = drows.as<StepRow>();
+    const std::vector<int32_t> tile_first = query_tiles(rows);
+    DeviceBuffer dtiles = upload(tile_first);
+    const QueryTiles tiles =
+        tiled_ ? QueryTiles{dtiles.as<int32_t>(), int(tile_first.size()) - 1} : QueryTiles{};
     launch_f32_kv_cache_append(a, kv, dr, B, dk.as<float>(), dv.as<float>(), nullptr);
     launch_f32_attention_scores(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
-                                scores.ptr(), nullptr);
+                                scores.ptr(), nullptr, tiles);
     launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
     const bool split = split_ && attention_out_writes_split(a);
     const SplitScratch out_split(split ? int64_t(B) * heads_ * d_ : 0);
     launch_f32_attention_pv(a, kv, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(),
-                            out_split.span(), nullptr);
+                            out_split.span(), nullptr, tiles);
     if (split)
       expect_split_of(out, int64_t(B) * heads_ * d_, out_split, "the attention output's split");
 
@@ -898,7 +909,7 @@ class AttentionCase {
 
  private:
   int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
-  bool split_ = true;
+  bool split_ = true, tiled_ = false;
 };
 
 TEST_F(DeviceKernels, AttentionPositionZero) {
@@ -943,6 +954,42 @@ TEST_F(DeviceKernels, AttentionPagedBlockSizesGiveTheSameBits) {
       EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
       EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
     }
+  }
+}
+
+TEST_F(DeviceKernels, AttentionQueryTilesGiveTheOneRowBits) {
+  // Prefill chunks: rows of one sequence in tiles of up to kQueryTileRows, read from one load of
+  // each key and value. Every score, probability and output bit as the one-row kernels give,
+  // and both against the reference: tiles of fewer rows than the tile holds (20 = 8 + 8 + 4),
+  // rows on both sides of an output split (keys 251..261 around 256), across the sliding window
+  // and past it, two sequences, group sizes 1, 2 and 8, the real shape at a long position.
+  struct Shape {
+    int heads, kv, d, window, pos, rows, seqs;
+  };
+  for (const Shape& s : std::initializer_list<Shape>{{4, 2, 16, 8, 0, 20, 1},
+                                                     {4, 4, 16, 0, 12, 3, 1},
+                                                     {8, 2, 32, 0, 250, 11, 1},
+                                                     {8, 1, 64, 128, 690, 13, 1},
+                                                     {4, 2, 16, 8, 10, 9, 2},
+                                                     {64, 8, 64, 128, 300, 17, 1},
+                                                     {64, 8, 64, 0, 300, 17, 1}}) {
+    const auto one = AttentionCase()
+                         .heads(s.heads)
+                         .kv(s.kv)
+                         .dim(s.d)
+                         .window(s.window)
+                         .pos(s.pos)
+                         .rows(s.rows)
+                         .seqs(s.seqs);
+    auto rows = one;
+    const auto want = rows.run();
+    auto tiled = one;
+    tiled.tiled(true);
+    const auto got = tiled.run();
+    SCOPED_TRACE(tiled.describe());
+    EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
   }
 }
 

@@ -369,6 +369,20 @@ TEST(StepLayout, RowsPointAtTheirSequencesTablesAndPackedScores) {
   EXPECT_EQ(s.block_tables.size(), size_t(2 * 2 + 2 * 1));
 }
 
+TEST(StepLayout, QueryTilesAreRunsOfOneSequenceAtMostATileLong) {
+  std::vector<StepRow> rows(21);
+  for (size_t r = 0; r < rows.size(); ++r) rows[r].seq = r < 3 ? 7 : r < 4 ? 2 : 9;
+  // 3 rows of sequence 7, 1 of 2, then 17 of 9 in tiles of 8, 8 and 1.
+  static_assert(kQueryTileRows == 8);
+  EXPECT_EQ(query_tiles(rows), (std::vector<int32_t>{0, 3, 4, 12, 20, 21}));
+  EXPECT_EQ(query_tiles({}), std::vector<int32_t>{0});
+  // A sequence's rows apart in the batch are tiles apart.
+  rows.resize(3);
+  rows[0].seq = rows[2].seq = 1;
+  rows[1].seq = 2;
+  EXPECT_EQ(query_tiles(rows), (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
 TEST(StepLayout, RowsAreThirtyTwoBytesForTheKernels) {
   EXPECT_EQ(sizeof(StepRow), 32u);
   EXPECT_EQ(offsetof(StepRow, scores_offset) % 8, 0u);
@@ -728,6 +742,17 @@ TEST_F(DeviceRuntimeTest, TheBlockSizeDoesNotChangeABit) {
   }
 }
 
+TEST_F(DeviceRuntimeTest, APromptInOneStepIsItsTokensOneAtATimeBitForBit) {
+  // 20 rows of one sequence go to the attention kernels in query tiles of 8, 8 and 4; one row a
+  // step takes the one-row kernels. Every logit the same, past twice the window of 8.
+  auto prefill = make_hip_backend(*model_, options(4));
+  const std::vector<float> want = run(*prefill, 20, 0);
+  auto single = make_hip_backend(*model_, options(4));
+  const std::vector<float> got = run(*single, 1, 19);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+}
+
 TEST_F(DeviceRuntimeTest, ASequenceGetsTheSameBitsBesideAnother) {
   auto alone = make_hip_backend(*model_, options(4));
   const std::vector<float> want = run(*alone, 12, 12, 5);
@@ -781,7 +806,7 @@ TEST_F(DeviceRuntimeTest, AnExhaustedPoolRefusesTheStepAndTheRuntimeGoesOn) {
   EXPECT_EQ(run(*b, 40, 2, 0), want);
 }
 
-TEST_F(DeviceRuntimeTest, StepUploadsItsRowsAndTables) {
+TEST_F(DeviceRuntimeTest, StepUploadsItsRowsTablesAndQueryTiles) {
   DeviceRuntime rt(*model_, options(4));
   const Batch b = join(rows_of(0, 0, 6, 3), rows_of(2, 0, 2, 4));
   rt.begin_step(b);
@@ -796,6 +821,12 @@ TEST_F(DeviceRuntimeTest, StepUploadsItsRowsAndTables) {
   EXPECT_EQ(std::memcmp(rows.data(), host.rows.data(), rows.size() * sizeof(StepRow)), 0);
   EXPECT_EQ(tables, host.block_tables);
   EXPECT_EQ(rt.step().max_pos(), 5);
+  const QueryTiles tiles = rt.step().device_query_tiles();
+  ASSERT_EQ(tiles.count, 2);  // 6 rows of sequence 0, 2 of 2
+  std::vector<int32_t> first(size_t(tiles.count) + 1);
+  HIP_CHECK(
+      hipMemcpy(first.data(), tiles.first, first.size() * sizeof(int32_t), hipMemcpyDeviceToHost));
+  EXPECT_EQ(first, (std::vector<int32_t>{0, 6, 8}));
 }
 
 // ------------------------------------------------------------------ step graphs ---

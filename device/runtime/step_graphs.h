@@ -3,7 +3,8 @@
 // later step of the same shape. The kernels read everything that changes from step to step -- the
 // rows' tokens and positions, the block tables -- from device memory (device/runtime/step.h), so
 // a graph serves every step whose launches take the same arguments from the host: the rows, the
-// attention grids' position bound (DeviceRuntime::launch_max_pos) and the buffers' addresses.
+// attention grids' position bound (DeviceRuntime::launch_max_pos) and query tile count, and the
+// buffers' addresses.
 // The owner clears the graphs when a buffer moves (the arena or the step grows).
 //
 // Only untraced steps run through a graph: a traced step launches stage by stage and reads each
@@ -22,6 +23,7 @@ namespace parity::device {
 struct StepShape {
   int rows = 0;
   int launch_max_pos = 0;
+  int query_tiles = 0;  // the attention grids' tiles (Step::device_query_tiles)
   friend bool operator==(const StepShape&, const StepShape&) = default;
 };
 

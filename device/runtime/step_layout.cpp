@@ -18,6 +18,15 @@ int64_t pack_scores(int n_heads, std::span<const int32_t> positions,
   return at;
 }
 
+std::vector<int32_t> query_tiles(std::span<const StepRow> rows) {
+  std::vector<int32_t> first;
+  for (size_t r = 0; r < rows.size(); ++r)
+    if (r == 0 || rows[r].seq != rows[r - 1].seq || int(r) - first.back() == kQueryTileRows)
+      first.push_back(int32_t(r));
+  first.push_back(int32_t(rows.size()));
+  return first;
+}
+
 StepLayout build_step(const Batch& b, const Config& c, const KvBlockManager& kv) {
   StepLayout s;
   std::vector<int64_t> offsets;
@@ -49,6 +58,7 @@ StepLayout build_step(const Batch& b, const Config& c, const KvBlockManager& kv)
     row.scores_offset = offsets[size_t(r)];
     s.max_pos = std::max(s.max_pos, row.pos);
   }
+  s.query_tiles = query_tiles(s.rows);
   return s;
 }
 
