@@ -376,8 +376,8 @@ __global__ void __launch_bounds__(kTiledThreads)
   }
 }
 
-// grid (splits, nKV, query tiles), block tile_pair_groups(g) d / 4 threads (rounded up to 32;
-// the threads past them only load): thread (group, c)
+// grid (splits, nKV, query tiles), block tile_pair_groups(g) d / 4 threads (rounded up to whole
+// warps and a multiple of d / 4; the threads past them only load): thread (group, c)
 // sums, for the eight pairs of its group, P[h][j] v_j[4c .. 4c + 3] over the keys of split s in
 // order, exactly as f32_attention_pv_gqa does for each row (a key outside a row's range, or a
 // zero probability, adds nothing: the tile's probabilities there are stored as 0). Values and
@@ -404,24 +404,33 @@ __global__ void __launch_bounds__(kTiledThreads)
   const int32_t* table = row_table(kv, a, rows[tr.r0]);
   float* v_s = reinterpret_cast<float*>(smem4);  // [kPvTileKeys][d]
   float* p_s = v_s + kPvTileKeys * d;             // [pairs8][kPvTileKeys + 1]
+  // Per pair: where its probabilities row starts, and the keys [lo, hi) of split s it sees.
+  int64_t* p_row = reinterpret_cast<int64_t*>(p_s + pairs8 * ldp);
+  int2* p_keys = reinterpret_cast<int2*>(p_row + pairs8);
+  for (int x = t; x < pairs; x += threads) {
+    const int rr = x / g, rp = pos[rr];
+    p_row[x] = offset[rr] + int64_t(kvh * g + x % g) * (rp + 2);
+    p_keys[x] = int2{max(s * split_keys, first_visible_key(rp, a.window)),
+                     min((s + 1) * split_keys, rp + 1)};
+  }
+  // A thread's value quads: quad t % quads of keys t / quads, + threads / quads, ... (the block
+  // is a multiple of quads threads).
+  const int v_first = t / quads, v_step = threads / quads;
   float4 acc[kTilePairs] = {};
+  __syncthreads();
   for (int j0 = j_begin; j0 < j_end; j0 += kPvTileKeys) {  // block-uniform
     const int n = min(kPvTileKeys, j_end - j0);
-    for (int x = t; x < n * quads; x += threads) {
-      const int jj = x / quads, cc = x % quads;
+    for (int jj = v_first; jj < n; jj += v_step) {
       const float* v = kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j0 + jj, kv_dim) +
-                       int64_t(kvh) * d + 4 * cc;
-      *reinterpret_cast<float4*>(v_s + jj * d + 4 * cc) = *reinterpret_cast<const float4*>(v);
+                       int64_t(kvh) * d + 4 * c;
+      *reinterpret_cast<float4*>(v_s + jj * d + 4 * c) = *reinterpret_cast<const float4*>(v);
     }
     for (int x = t; x < pairs8 * kPvTileKeys; x += threads) {
       const int pair = x / kPvTileKeys, jj = x % kPvTileKeys, j = j0 + jj;
       float p = 0.0f;
       if (pair < pairs && jj < n) {
-        const int rr = pair / g, rp = pos[rr];
-        const int lo = max(s * split_keys, first_visible_key(rp, a.window));
-        const int hi = min((s + 1) * split_keys, rp + 1);
-        if (j >= lo && j < hi)
-          p = probs[offset[rr] + int64_t(kvh * g + pair % g) * (rp + 2) + j];
+        const int2 keys = p_keys[pair];
+        if (j >= keys.x && j < keys.y) p = probs[p_row[pair] + j];
       }
       p_s[pair * ldp + jj] = p;
     }
@@ -609,10 +618,15 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
   PARITY_DEVICE_REQUIRE(splits == 1 || workspace != nullptr,
                         "launch_f32_attention_pv: positions past ", split_keys,
                         " keys need the split workspace");
-  const int pv_threads = ceil_div(tile_pair_groups(g) * (a.head_dim / 4), 32) * 32;
-  const size_t pv_smem = (size_t(kPvTileKeys) * a.head_dim +
-                          size_t(tile_pair_groups(g)) * kTilePairs * (kPvTileKeys + 1)) *
-                         sizeof(float);
+  // Whole warps, and a multiple of the quads per head (each thread loads one quad of a key).
+  const int quads = a.head_dim / 4;
+  int pv_threads = tile_pair_groups(g) * quads;
+  if (quads > 0)
+    while (pv_threads % 32 != 0) pv_threads += quads;
+  const size_t pairs8 = size_t(tile_pair_groups(g)) * kTilePairs;
+  const size_t pv_smem =
+      (size_t(kPvTileKeys) * a.head_dim + pairs8 * (kPvTileKeys + 1)) * sizeof(float) +
+      pairs8 * (sizeof(int64_t) + 2 * sizeof(int));
   if (takes_tiles(a, tiles, batch, reinterpret_cast<uintptr_t>(out) |
                                        reinterpret_cast<uintptr_t>(workspace)) &&
       pv_threads <= kTiledThreads && pv_smem <= 48 * 1024) {
