@@ -257,8 +257,14 @@ constexpr int kPvTileKeys = 64;  // keys per shared-memory tile of the tiled out
 constexpr int kTiledThreads = 256;  // at most, per block of the tiled kernels
 static_assert(kScoreTile == 2 * kGroupThreads, "the tiled scores take two keys per thread");
 
-__host__ __device__ inline int tile_pair_groups(int g) {
-  return (kQueryTileRows * g + kTilePairs - 1) / kTilePairs;
+// Decode steps of at least this many rows (a tile per row) take the tiled scores kernel too:
+// each of a thread's eight heads shares its key loads, where the one-row kernel loads both
+// operands of every product.
+constexpr int kTiledScoresMinRows = 16;
+
+// Pair groups of a tile of `tile_rows` rows at most.
+__host__ __device__ inline int tile_pair_groups(int g, int tile_rows = kQueryTileRows) {
+  return (tile_rows * g + kTilePairs - 1) / kTilePairs;
 }
 
 // The rows of tile `tile`, their positions and first visible keys, in shared memory.
@@ -285,15 +291,16 @@ __device__ TileRows load_tile_rows(const AttentionShape& a, const StepRow* rows,
   return t;
 }
 
-// grid (key tiles of kScoreTile, nKV, query tiles), block kGroupThreads tile_pair_groups(g)
-// threads, at most kTiledThreads (a group then takes several pair groups in turn). Thread (group,
+// grid (key tiles of kScoreTile, nKV, query tiles of at most `tile_rows` rows), block
+// kGroupThreads tile_pair_groups(g, tile_rows) threads, at most kTiledThreads (a group then takes several pair groups in turn). Thread (group,
 // lane) computes keys j0 + lane and j0 + lane + 32 for the eight pairs of its group: q (eight
 // pairs) and k (a tile of keys, padded rows) come from shared memory four inputs at a time, each
 // score the sequential fmaf chain of f32_attention_scores_gqa_sink.
 __global__ void __launch_bounds__(kTiledThreads)
     f32_attention_scores_tiled(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
-                               const int32_t* __restrict__ tile_first, const float* __restrict__ q,
-                               const float* __restrict__ sinks, float* __restrict__ scores) {
+                               const int32_t* __restrict__ tile_first, int tile_rows,
+                               const float* __restrict__ q, const float* __restrict__ sinks,
+                               float* __restrict__ scores) {
   extern __shared__ float4 smem4[];
   __shared__ int pos[kQueryTileRows];
   __shared__ int64_t offset[kQueryTileRows];
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   }
   const int pairs8 = (pairs + kTilePairs - 1) / kTilePairs * kTilePairs, ldk = d + 4;
   float* q_s = reinterpret_cast<float*>(smem4);            // [pairs8][d]
-  float* k_s = q_s + tile_pair_groups(g) * kTilePairs * d;  // [kScoreTile][d + 4]
+  float* k_s = q_s + tile_pair_groups(g, tile_rows) * kTilePairs * d;  // [kScoreTile][d + 4]
   for (int x = t; x < pairs8 * quads; x += threads) {
     const int pair = x / quads, c = x % quads;
     float4 v{0, 0, 0, 0};
@@ -495,16 +502,19 @@ void check_kv(const AttentionShape& a, const KvCacheView& kv, const char* launch
                         kv.slots);
 }
 
-// True when the launch goes by query tiles: some rows share a tile, every head's inputs come in
-// 16-byte quads and `addresses` (the buffers read and written by quads, or-ed) are aligned.
-bool takes_tiles(const AttentionShape& a, const QueryTiles& tiles, int batch, uintptr_t addresses) {
-  return tiles.first != nullptr && tiles.count > 0 && tiles.count < batch &&
-         a.head_dim % 4 == 0 && addresses % 16 == 0;
+// True when the launch goes by query tiles: some rows share a tile (or, with `min_single`, the
+// batch has at least that many rows of a tile each), every head's inputs come in 16-byte quads
+// and `addresses` (the buffers read and written by quads, or-ed) are aligned.
+bool takes_tiles(const AttentionShape& a, const QueryTiles& tiles, int batch, uintptr_t addresses,
+                 int min_single = 0) {
+  const bool shared = tiles.count < batch || (min_single > 0 && batch >= min_single);
+  return tiles.first != nullptr && tiles.count > 0 && shared && a.head_dim % 4 == 0 &&
+         addresses % 16 == 0;
 }
 
-size_t tiled_scores_smem(const AttentionShape& a) {
+size_t tiled_scores_smem(const AttentionShape& a, int tile_rows) {
   const int g = a.n_heads / a.n_kv;
-  return (size_t(tile_pair_groups(g)) * kTilePairs * a.head_dim +
+  return (size_t(tile_pair_groups(g, tile_rows)) * kTilePairs * a.head_dim +
           size_t(kScoreTile) * (a.head_dim + 4)) *
          sizeof(float);
 }
@@ -559,13 +569,14 @@ void launch_f32_attention_scores(const AttentionShape& a, const KvCacheView& kv,
                         " heads per KV head of dimension ", a.head_dim, " need ", smem,
                         " bytes of shared memory (limit 48 KiB)");
   const unsigned key_tiles = unsigned(ceil_div(max_pos + 1, kScoreTile));
-  if (takes_tiles(a, tiles, batch, reinterpret_cast<uintptr_t>(q))) {
-    const size_t tiled = tiled_scores_smem(a);
+  if (takes_tiles(a, tiles, batch, reinterpret_cast<uintptr_t>(q), kTiledScoresMinRows)) {
+    const int tile_rows = tiles.count == batch ? 1 : kQueryTileRows;
+    const size_t tiled = tiled_scores_smem(a, tile_rows);
     if (tiled <= 48 * 1024) {
       const dim3 grid(key_tiles, unsigned(a.n_kv), unsigned(tiles.count));
-      const int threads = std::min(kGroupThreads * tile_pair_groups(g), kTiledThreads);
-      f32_attention_scores_tiled<<<grid, threads, tiled, stream>>>(a, kv, rows, tiles.first, q,
-                                                                    sinks, scores);
+      const int threads = std::min(kGroupThreads * tile_pair_groups(g, tile_rows), kTiledThreads);
+      f32_attention_scores_tiled<<<grid, threads, tiled, stream>>>(
+          a, kv, rows, tiles.first, tile_rows, q, sinks, scores);
       HIP_LAUNCH_CHECK("f32_attention_scores_tiled", stream);
       return;
     }

@@ -962,7 +962,8 @@ TEST_F(DeviceKernels, AttentionQueryTilesGiveTheOneRowBits) {
   // each key and value. Every score, probability and output bit as the one-row kernels give,
   // and both against the reference: tiles of fewer rows than the tile holds (20 = 8 + 8 + 4),
   // rows on both sides of an output split (keys 251..261 around 256), across the sliding window
-  // and past it, two sequences, group sizes 1, 2 and 8, the real shape at a long position.
+  // and past it, two sequences, group sizes 1, 2 and 8, the real shape at a long position, and
+  // decode steps of many sequences (one row each: the tiled scores, the one-row output).
   struct Shape {
     int heads, kv, d, window, pos, rows, seqs;
   };
@@ -972,7 +973,10 @@ TEST_F(DeviceKernels, AttentionQueryTilesGiveTheOneRowBits) {
                                                      {8, 1, 64, 128, 690, 13, 1},
                                                      {4, 2, 16, 8, 10, 9, 2},
                                                      {64, 8, 64, 128, 300, 17, 1},
-                                                     {64, 8, 64, 0, 300, 17, 1}}) {
+                                                     {64, 8, 64, 0, 300, 17, 1},
+                                                     // decode: 20 rows of a tile each
+                                                     {64, 8, 64, 128, 300, 1, 20},
+                                                     {4, 2, 16, 8, 10, 1, 17}}) {
     const auto one = AttentionCase()
                          .heads(s.heads)
                          .kv(s.kv)
