@@ -935,6 +935,8 @@ TEST_F(DeviceKernels, AttentionLongContextManyTilesAndKeySplits) {
   AttentionCase().heads(8).kv(1).dim(64).window(0).pos(700).rows(2).run();
   AttentionCase().heads(8).kv(1).dim(64).window(128).pos(700).rows(2).run();
   AttentionCase().heads(8).kv(2).dim(32).window(0).pos(255).rows(3).run();  // 256..258 keys
+  // 4,201 keys: 66 score tiles, 17 output splits, a softmax of 16 or 17 columns per thread.
+  AttentionCase().heads(4).kv(2).dim(16).window(0).pos(4200).rows(2).run();
 }
 TEST_F(DeviceKernels, AttentionTwoSequencesInOneBatch) {
   AttentionCase().window(8).pos(10).rows(3).seqs(2).run();
