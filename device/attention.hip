@@ -292,10 +292,11 @@ __device__ TileRows load_tile_rows(const AttentionShape& a, const StepRow* rows,
 }
 
 // grid (key tiles of kScoreTile, nKV, query tiles of at most `tile_rows` rows), block
-// kGroupThreads tile_pair_groups(g, tile_rows) threads, at most kTiledThreads (a group then takes several pair groups in turn). Thread (group,
-// lane) computes keys j0 + lane and j0 + lane + 32 for the eight pairs of its group: q (eight
-// pairs) and k (a tile of keys, padded rows) come from shared memory four inputs at a time, each
-// score the sequential fmaf chain of f32_attention_scores_gqa_sink.
+// kGroupThreads tile_pair_groups(g, tile_rows) threads, at most kTiledThreads (a group then takes
+// several pair groups in turn). Thread (group, lane) computes keys j0 + lane and j0 + lane + 32
+// for the eight pairs of its group: q (eight pairs) and k (a tile of keys, padded rows) come from
+// shared memory four inputs at a time, each score the sequential fmaf chain of
+// f32_attention_scores_gqa_sink.
 __global__ void __launch_bounds__(kTiledThreads)
     f32_attention_scores_tiled(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
                                const int32_t* __restrict__ tile_first, int tile_rows,
