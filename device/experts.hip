@@ -19,7 +19,8 @@
 // expert (a stable counting sort into the routing workspace) so that a tile's pairs share one
 // expert and its weights are read once per tile; (2) x is split; (3) a block computes 16 MT
 // rows by 8 NT pairs of one expert per tile, each of its four groups of 32 lanes over a quarter
-// of the inputs (f32_mxfp4w_moe_mma). Tilings differ in which
+// of the inputs (f32_mxfp4w_moe_mma; prefill's 32-pair tiles take 128 rows per block, each group
+// 32 of them over all of the inputs: f32_mxfp4w_moe_mma_wide). Tilings differ in which
 // lanes compute an element, never in its sequence of MMA steps, so the results are the same bits
 // for any step size.
 //
@@ -488,6 +489,168 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
   }
 }
 
+// Large tiles (steps of about 32 pairs per expert and more: prefill): four groups on 128 rows
+// of one expert by 32 pairs, the pairs' split inputs shared through shared memory (mma_tiles.h,
+// "wide tiles"); a group's rows, weights and MMA steps as in f32_mxfp4w_moe_mma.
+template <bool kSwiGLU>
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    f32_mxfp4w_moe_mma_wide(const MoeArgs a, const int32_t* routing, const uint4* split) {
+  constexpr int MT = 2, NT = 4;
+  const int lane = int(threadIdx.x) % kMmaLanes, warp = int(threadIdx.x) / kMmaLanes;
+  const int g = lane / 4, t = lane % 4;
+  const int j0 = int(blockIdx.x) * kWideRows + 32 * warp;  // the warp's first row
+  const int groups = a.in / 32, chunks = (groups + 1) / 2;
+  __shared__ WideStaged staged;
+  __shared__ WideQuarters<MT, NT> quarters;
+  const int k = a.k;
+  const uint4* const packed_blocks = reinterpret_cast<const uint4*>(a.blocks);
+  const uint32_t* const packed_scales = reinterpret_cast<const uint32_t*>(a.scales);
+  const Mxfp4Packing pk(a.out, a.in);
+  const RoutingView<const int32_t> rv = routing_view(routing, a.experts);
+  const int tiles = rv.tile_start[a.experts + 1];
+  for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
+    int lo = 0, hi = a.experts;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (rv.tile_start[mid] <= tile)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int bucket = lo;
+    const int first = rv.bucket_start[bucket] + (tile - rv.tile_start[bucket]) * kWideCols;
+    const int np = min(kWideCols, rv.bucket_start[bucket + 1] - first);
+    const auto pair_at = [&](int n) { return rv.sorted[first + n]; };
+    if (bucket == a.experts) {  // invalid expert indices: NaN for every output of the tile
+      const int j_block = int(blockIdx.x) * kWideRows;
+      for (int i = int(threadIdx.x); i < np * kWideRows; i += kMmaThreads) {  // each output once
+        const int n = i / kWideRows, j = j_block + i % kWideRows;
+        if (j < a.out && (!kSwiGLU || j % 2 == 0)) write_invalid(a, pair_at(n), j, j / 2, kSwiGLU);
+      }
+      continue;
+    }
+    const int e = bucket;
+
+    // The staging (WideStager): a pair past the tile's stages its first pair.
+    WideStager stager = [&] {
+      const int n = int(threadIdx.x) / 4, p = pair_at(n < np ? n : 0), r = p / k, slot = p % k;
+      const int64_t v = int64_t(r) * a.x_row_stride + int64_t(slot) * a.x_slot_stride;
+      return WideStager(int(threadIdx.x), split + (v / 32) * kSplitQuadsPerBlock);
+    }();
+
+    // A: the warp's rows, the lane's 16 bytes and 4 scale bytes of each chunk (as in
+    // f32_mxfp4w_moe_mma), two chunks ahead, walked over the whole input.
+    const uint4* ap[MT];
+    const uint32_t* sp[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const int64_t tile_chunk =
+          (int64_t(e) * pk.row_tiles + min(int64_t(j0 / 16 + m), pk.row_tiles - 1)) * pk.chunks;
+      ap[m] = packed_blocks + tile_chunk * kMmaLanes + lane;
+      sp[m] = packed_scales + tile_chunk * 8 + g;
+    }
+    uint4 wq[2][MT];
+    uint32_t sq[2][MT];
+    int next = 0;
+    const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
+      const bool live = next < chunks;
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (live) {
+          w[m] = *ap[m];
+          s[m] = *sp[m];
+        }
+        ap[m] += kMmaLanes;
+        sp[m] += 8;
+      }
+      ++next;
+    };
+    load(wq[0], sq[0]);
+    load(wq[1], sq[1]);
+    stager.load(0, chunks, groups);
+    stager.store(staged, 0, chunks);
+    __syncthreads();
+
+    float acc[MT][NT][4], s01[MT][NT][4];
+    int c = 0;
+    for (int quarter = 0; quarter < kMmaGroups; ++quarter) {
+      const MmaQuarter qr = mma_quarter(chunks, quarter);
+      zero_tiles(acc);
+      for (; c < qr.end; ++c) {  // block-uniform
+        stager.load(c + 1, chunks, groups);
+        uint4 w[MT];
+        uint32_t s[MT];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          w[m] = wq[0][m], s[m] = sq[0][m];
+          wq[0][m] = wq[1][m], sq[0][m] = sq[1][m];
+        }
+        load(wq[1], sq[1]);
+        uint32_t above = 0;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) above |= e8m0_any_above_128(s[m]);
+        const bool small_scales = !__any(above != 0u);
+        static_for<2>([&](auto b_) {
+          constexpr int b = decltype(b_)::value;
+          if (2 * c + b >= groups) return;  // block-uniform
+          uint4 bx[kSplitParts][NT];
+          wide_b_fragments(staged, c, b, g, t, bx);
+          uint32_t ar[MT][2][4];
+          if (small_scales) {  // warp-uniform
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              uint32_t mult[2];
+              e8m0_pair_multipliers<b>(s[m], mult);
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                mxfp4_word_place(word_of(w[m], 2 * h + b), ar[m][h]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) ar[m][h][j] = bf16x2_mul(ar[m][h][j], mult[h]);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                mxfp4_word_to_bf16(word_of(w[m], 2 * h + b), (s[m] >> (8 * (2 * h + b))) & 0xffu,
+                                   ar[m][h]);
+          }
+          mma_block(acc, ar, bx);
+        });
+        stager.store(staged, c + 1, chunks);
+        __syncthreads();  // chunk c + 1 staged, chunk c read by every group
+      }
+      quarters.fold(quarter, warp, lane, acc, s01);
+    }
+
+    // The warp writes its rows: lane holds rows j0 + 16 m + {g, g + 8}, columns 8 j + 2 t + {0, 1}.
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = j0 + 16 * m + 8 * h + g;
+          const float bias = row < a.out ? a.bias[int64_t(e) * a.out + row] : 0.0f;
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const int n = 8 * j + 2 * t + cc, i = 2 * h + cc;
+            const float v = acc[m][j][i] + bias;
+            const bool live = row < a.out && n < np;
+            const int64_t p = live ? pair_at(n) : 0;
+            if (live) a.y[p * a.out + row] = v;
+            if constexpr (kSwiGLU) {
+              // Gate 2i and linear 2i + 1 sit in lanes g and g + 1 (lane + 4).
+              const float lin = __shfl_xor(v, 4);
+              if (live && g % 2 == 0 && a.act != nullptr)
+                write_act(a, p, row / 2, swiglu_oai(v, lin, a.alpha, a.limit));
+            }
+          }
+        }
+  }
+}
+
 // ------------------------------------------------------------- MXFP4 packing (upload) ---
 
 // Packs `experts` experts' checkpoint blocks (uint32 words [E][out][groups][4]) into
@@ -612,9 +775,15 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
       return;
     }
   }
-  f32_mxfp4w_moe_mma<kSwiGLU, true, MT, NT>
-      <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
-  HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
+  if constexpr (NT == 4) {  // the large tiles: four warps on 128 rows of 32 pairs
+    const dim3 wide(unsigned(ceil_div(a.out, kWideRows)), grid.y);
+    f32_mxfp4w_moe_mma_wide<kSwiGLU><<<wide, kMmaThreads, 0, stream>>>(a, routing, split);
+    HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma_wide", stream);
+  } else {
+    f32_mxfp4w_moe_mma<kSwiGLU, true, MT, NT>
+        <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
+    HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
+  }
 }
 
 }  // namespace

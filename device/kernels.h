@@ -56,7 +56,9 @@ void launch_f32_rmsnorm_split(const float* x, WeightType weight_type, const void
 // Float32 inputs split into three BF16 parts that sum to them exactly, for the MMA kernels
 // (device/split_inputs.hip has the layout): `floats` (a multiple of 32) inputs of x (16-byte
 // aligned) into `split` (at least split_bf16x3_words(floats) words, 16-byte aligned).
+inline constexpr int kSplitParts = 3;           // hi, mid, lo
 inline constexpr int kSplitWordsPerBlock = 48;  // words per block of 32 inputs: 3 x 32 BF16 / 2
+inline constexpr int kSplitQuadsPerBlock = 12;  // the same in 16-byte units
 size_t split_bf16x3_words(int64_t floats);
 void launch_split_bf16x3(const float* x, int64_t floats, std::span<uint32_t> split,
                          hipStream_t stream);

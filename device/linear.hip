@@ -7,9 +7,11 @@
 // (f32_bf16w_mma): x is split into three BF16 parts that sum to it exactly (split_inputs.hip), so
 // every product on the tiles is exact and only float32 accumulations round, in the order of
 // mma_tiles.h (each block of 32 inputs on its own tile, then one float32 add). A block computes 16
-// MT rows by 8 NT batch rows (16 by 8 below 32 batch rows, 32 by 32 from there), each of its four groups of 32 lanes over a quarter of the input;
-// lane 4 g + t loads 8 consecutive weights (16 bytes) of rows g and g + 8 per block of 32 inputs
-// and pairs them (8t+j, 8t+j+4) to match the split inputs' order. Tilings differ in which lanes
+// MT rows by 8 NT batch rows (16 by 8 below 32 batch rows, 32 by 32 from there), each of its four
+// groups of 32 lanes over a quarter of the input; prefill's steps take 128 rows by 32 batch rows
+// per block, each group 32 of the rows over the whole input (f32_bf16w_mma_wide); lane 4 g + t
+// loads 8 consecutive weights (16 bytes) of rows g and g + 8 per block of 32 inputs and pairs
+// them (8t+j, 8t+j+4) to match the split inputs' order. Tilings differ in which lanes
 // compute an element, never in its sequence of MMA steps: a row's result does not depend on the
 // batch. Other weights (F16, F32, inputs not in blocks of 32) take the GEMV: one warp per output
 // row streams the row with 16-byte loads (8 elements per lane per step, 8 loads in flight per
@@ -312,6 +314,143 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
   }
 }
 
+// Prefill's large tiles: four groups on 128 rows by 32 batch rows, the batch rows' split inputs
+// shared through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps
+// as in f32_bf16w_mma. grid (ceil(rows / 128), min(ceil(batch / 32), 65535)), the block walking
+// the batch tiles along y.
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    f32_bf16w_mma_wide(const MmaArgs a, const uint4* split) {
+  constexpr int MT = 2, NT = 4;
+  const int lane = int(threadIdx.x) % kMmaLanes, group = int(threadIdx.x) / kMmaLanes;
+  const int g = lane / 4, t = lane % 4;
+  const int rows = pick(a.row_end, a.nseg - 1);
+  const int j0 = int(blockIdx.x) * kWideRows + 32 * group;  // the group's first row
+  const int groups = a.in / 32, chunks = (groups + 1) / 2;
+  __shared__ WideStaged staged;
+  __shared__ WideQuarters<MT, NT> quarters;
+  // A: 16 bytes (weights 8t .. 8t+7 of a block) of rows j0 + 16 m + 8 h + g.
+  const uint4* ap0[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int j;
+      const int s = segment_of(a, min(j0 + 16 * m + 8 * h + g, rows - 1), j);
+      ap0[m][h] = reinterpret_cast<const uint4*>(pick(a.w, s) + int64_t(j) * a.in) + t;
+    }
+  const int tiles = (a.batch + kWideCols - 1) / kWideCols;
+  for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
+    const int b0 = tile * kWideCols, nb = min(kWideCols, a.batch - b0);
+    const uint4* ap[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) ap[m][h] = ap0[m][h];
+    // One chunk of weights in flight beyond the one in use (as the quarter tiles).
+    uint4 wq[MT][2][2];
+    int next = 0;
+    const auto load_a = [&](uint4(&w)[MT][2][2]) {
+      const bool live = next < chunks, live1 = live && 2 * next + 1 < groups;
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (live) {
+            w[m][h][0] = ap[m][h][0];
+            w[m][h][1] = live1 ? ap[m][h][4] : uint4{0, 0, 0, 0};
+          }
+          ap[m][h] += 8;
+        }
+      ++next;
+    };
+    load_a(wq);
+    // The kernel before writes the split inputs (launch_programmatic): the weights' loads overlap
+    // its end.
+    wait_for_previous_grid();
+    // The staging (WideStager): a batch row past the batch stages the tile's first.
+    WideStager stager(int(threadIdx.x),
+                      split + int64_t(b0 + (int(threadIdx.x) / 4 < nb ? int(threadIdx.x) / 4 : 0)) *
+                                  (a.ldx / 32) * kSplitQuadsPerBlock);
+    stager.load(0, chunks, groups);
+    stager.store(staged, 0, chunks);
+    __syncthreads();
+
+    float acc[MT][NT][4], s01[MT][NT][4];
+    int c = 0;
+    for (int quarter = 0; quarter < kMmaGroups; ++quarter) {
+      const MmaQuarter qr = mma_quarter(chunks, quarter);
+      zero_tiles(acc);
+      for (; c < qr.end; ++c) {  // block-uniform
+        stager.load(c + 1, chunks, groups);
+        uint4 w[MT][2][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) w[m][h][b] = wq[m][h][b];
+        load_a(wq);
+        static_for<2>([&](auto b_) {
+          constexpr int b = decltype(b_)::value;
+          if (2 * c + b >= groups) return;  // block-uniform
+          uint4 bx[kSplitParts][NT];
+          wide_b_fragments(staged, c, b, g, t, bx);
+          // Weights (8t .. 8t+7) as the pairs (8t+j, 8t+j+4), the split inputs' order.
+          uint32_t ar[MT][2][4];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint4 q = w[m][h][b];
+              ar[m][h][0] = (q.x & 0xffffu) | (q.z << 16);
+              ar[m][h][1] = (q.x >> 16) | (q.z & 0xffff0000u);
+              ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
+              ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
+            }
+          mma_block(acc, ar, bx);
+        });
+        stager.store(staged, c + 1, chunks);
+        __syncthreads();  // chunk c + 1 staged, chunk c read by every group
+      }
+      quarters.fold(quarter, group, lane, acc, s01);
+    }
+
+    // The group writes its rows: lane holds rows j0 + 16 m + {g, g + 8}, batch rows
+    // b0 + 8 jt + 2 t + {0, 1}.
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = j0 + 16 * m + 8 * h + g;
+        if (row >= rows) continue;
+        int j;
+        const int s = segment_of(a, row, j);
+        const float* bias = pick(a.bias, s);
+        const int col = pick(a.y_col, s) + j;
+#pragma unroll
+        for (int jt = 0; jt < NT; ++jt)
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const int n = 8 * jt + 2 * t + cc, i = 2 * h + cc;
+            if (n >= nb) continue;
+            const float sum = acc[m][jt][i];
+            const float v = bias != nullptr ? sum + bias[j] : sum;
+            a.y[int64_t(b0 + n) * a.ldy + col] = v;
+            if (a.resid_out != nullptr) {
+              const int64_t at = int64_t(b0 + n) * a.ld_res + col;
+              a.resid_out[at] = a.residual[at] + v;
+            }
+          }
+      }
+  }
+}
+
+// Batch tiles from which the large tiles go wide (f32_bf16w_mma_wide): prefill's steps of 1,024
+// rows and more, whose blocks of 128 rows fill the GPU several times over. Decode steps keep the
+// quarter tiles (at batch 256 the wide launch is 320 blocks of qkv, about a wave and a fifth;
+// the step measured the same either way, docs/measurements.md).
+constexpr int kMinWideBatchTiles = 32;
+
 // Batch tiles up to which they go along x (kTilesAlongX): measured at batch 1 and 64 (one and
 // two tiles); prefill's many tiles were faster along y.
 constexpr int kMaxTilesAlongX = 2;
@@ -321,6 +460,13 @@ void launch_mma(const MmaArgs& a, const uint4* split, hipStream_t stream) {
   const int rows = a.row_end[a.nseg - 1];
   const int row_tiles = ceil_div(rows, 16 * MT), batch_tiles = ceil_div(a.batch, 8 * NT);
   // Launched to overlap the end of the kernel before (wait_for_previous_grid in the kernel).
+  if (MT == 2 && NT == 4 && batch_tiles >= kMinWideBatchTiles) {
+    const dim3 grid(unsigned(ceil_div(rows, kWideRows)), unsigned(std::min(batch_tiles, 65535)));
+    HIP_CHECK(launch_programmatic(&f32_bf16w_mma_wide, grid, dim3(kMmaThreads), 0, stream, a,
+                                  split));
+    HIP_LAUNCH_CHECK("f32_bf16w_mma_wide", stream);
+    return;
+  }
   if (batch_tiles <= kMaxTilesAlongX && row_tiles <= 65535) {  // y holds up to 65535
     HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, true>,
                                   dim3(unsigned(batch_tiles), unsigned(row_tiles)),

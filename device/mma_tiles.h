@@ -77,4 +77,100 @@ struct MmaPartials {
   }
 };
 
+// ---------------------------------------------------------------------------- wide tiles ---
+// The large tiles of prefill (f32_mxfp4w_moe_mma_wide, f32_bf16w_mma_wide): a block's four groups
+// take four 32-row slices (kWideRows rows) of the same 32 columns, each over the whole input,
+// instead of a quarter of the input of the same 32 rows each. The block loads a chunk (two blocks
+// of 32 inputs) of its columns' split inputs -- per chunk three times a group's weight bytes of
+// MXFP4, three quarters of BF16 -- once into shared memory and the four groups read it there,
+// where the quarter tiles loaded it once per group from L2 and again for every 32 rows of the
+// output. A group walks the input quarter by quarter (mma_quarter's chunks, in order), each
+// quarter on fresh accumulators, and adds the quarters as MmaPartials::sum does, (p0 + p1) +
+// (p2 + p3): every output element sees the same operations in every tiling.
+inline constexpr int kWideRows = 32 * kMmaGroups;
+inline constexpr int kWideCols = 32;
+inline constexpr int kWideQuadsPerCol = 2 * kSplitQuadsPerBlock;  // a column's chunk, 16-byte units
+// Padded: the eight columns a group's lanes read at once fall in different banks.
+inline constexpr int kWideColStride = kWideQuadsPerCol + 1;
+inline constexpr int kWideStageQuads = kWideCols * kWideQuadsPerCol / kMmaThreads;  // per thread
+static_assert(kWideCols * kWideQuadsPerCol % kMmaThreads == 0);
+
+// Two chunks of the columns' split inputs in turn (chunk c in slot c % 2).
+struct WideStaged {
+  uint4 slot[2][kWideCols * kWideColStride];
+};
+
+// One thread's share of staging a chunk: quads quad, quad + 4, ... of column `col` (thread / 4;
+// a chunk's two blocks are contiguous), loaded into registers while the chunk before is summed,
+// stored after it. A block past the input (odd block counts) stages zeros, never read.
+struct WideStager {
+  const uint4* src;  // the column's split inputs at block 0, + quad
+  int col, quad;
+  uint4 regs[kWideStageQuads];
+  __device__ __forceinline__ WideStager(int thread, const uint4* col_split)
+      : src(col_split + thread % 4), col(thread / 4), quad(thread % 4) {}
+  __device__ __forceinline__ void load(int c, int chunks, int groups) {
+    if (c >= chunks) return;
+#pragma unroll
+    for (int u = 0; u < kWideStageQuads; ++u)
+      regs[u] = 2 * c + (quad + 4 * u) / kSplitQuadsPerBlock < groups
+                    ? src[2 * c * kSplitQuadsPerBlock + 4 * u]
+                    : uint4{0, 0, 0, 0};
+  }
+  __device__ __forceinline__ void store(WideStaged& st, int c, int chunks) const {
+    if (c >= chunks) return;
+    uint4* const to = st.slot[c % 2] + col * kWideColStride + quad;
+#pragma unroll
+    for (int u = 0; u < kWideStageQuads; ++u) to[4 * u] = regs[u];
+  }
+};
+
+// Lane (g, t)'s B fragments of block b of chunk c: part q of column 8 j + g.
+template <int NT>
+__device__ __forceinline__ void wide_b_fragments(const WideStaged& st, int c, int b, int g, int t,
+                                                 uint4 (&bx)[kSplitParts][NT]) {
+  const uint4* const s = st.slot[c % 2];
+#pragma unroll
+  for (int q = 0; q < kSplitParts; ++q)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      bx[q][j] = s[(8 * j + g) * kWideColStride + kSplitQuadsPerBlock * b + 4 * q + t];
+}
+
+// The quarters of a group's tile added as MmaPartials::sum adds them: after quarter 3, acc holds
+// (p0 + p1) + (p2 + p3). p2 waits in shared memory (its registers would spill).
+template <int MT, int NT>
+struct WideQuarters {
+  float p2[kMmaGroups][MT * NT * 4][kMmaLanes];
+  __device__ __forceinline__ void fold(int quarter, int group, int lane, float (&acc)[MT][NT][4],
+                                       float (&s01)[MT][NT][4]) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float& kept = p2[group][(m * NT + j) * 4 + i][lane];
+          if (quarter == 0)
+            s01[m][j][i] = acc[m][j][i];
+          else if (quarter == 1)
+            s01[m][j][i] = s01[m][j][i] + acc[m][j][i];
+          else if (quarter == 2)
+            kept = acc[m][j][i];
+          else
+            acc[m][j][i] = s01[m][j][i] + (kept + acc[m][j][i]);
+        }
+  }
+};
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero_tiles(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.0f;
+}
+
 }  // namespace parity::device

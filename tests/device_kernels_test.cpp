@@ -542,23 +542,23 @@ TEST_F(DeviceKernels, GemvResidualEpilogue) {
 }
 
 TEST_F(DeviceKernels, GemvRowResultDoesNotDependOnTheBatch) {
-  // The same row alone and as row 5 of 9, 20, 40 and 100 (the MMA kernel's 8- and 32-row tiles,
-  // two of them along the grid's x, three and four along y; F16: the GEMV): bitwise equal (a
-  // fixed sequence per element, no atomics).
+  // The same row alone and as row 5 of 9, 20, 40, 100 and 1030 (the MMA kernel's 8- and 32-row
+  // tiles, two of them along the grid's x, three and four along y, and 33: the wide tiles of
+  // 128 rows; F16: the GEMV): bitwise equal (a fixed sequence per element, no atomics).
   for (const WeightType type : {WeightType::bf16, WeightType::f16}) {
     SCOPED_TRACE(type_name(type));
     std::mt19937_64 rng(99);
     const int out = 300, in = 2880;
     const HostMatrix w = random_matrix(rng, type, size_t(out) * in);
-    const std::vector<float> x = random_floats(rng, size_t(100) * in, -1, 1);
+    const std::vector<float> x = random_floats(rng, size_t(1030) * in, -1, 1);
     DeviceBuffer dw = upload(w.bytes), dx = upload(x);
     const GemvSegment seg{{type, dw.as(), out, in}, nullptr, 0};
-    const SplitScratch split(int64_t(100) * in);
+    const SplitScratch split(int64_t(1030) * in);
     Output one(static_cast<size_t>(out));
     launch_f32_gemv_bias({&seg, 1}, dx.as<float>() + 5 * in, in, 1, one.ptr(), out, {},
                          {split.span()}, nullptr);
     const std::vector<float> o = one.fetch();
-    for (const int batch : {9, 20, 40, 100}) {
+    for (const int batch : {9, 20, 40, 100, 1030}) {
       Output all(size_t(batch) * out);
       launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {},
                            {split.span()}, nullptr);
@@ -572,6 +572,11 @@ TEST_F(DeviceKernels, GemvMmaBatchPastOneTileAndThreeSegments) {
   GemvCase().out(517).in(2880).batch(40).run();   // 32-row tiles, a partial last one
   GemvCase().out(64).in(96).batch(70).segments(3).run();
   GemvCase().out(2880).in(512).batch(33).residual(true).run();
+  // The wide tiles (32 batch tiles of 32 and more): rows not a multiple of 128, a partial last
+  // batch tile, an odd number of blocks of 32 inputs, three segments, the residual epilogue.
+  GemvCase().out(517).in(512).batch(1030).run();
+  GemvCase().out(64).in(96).batch(1100).segments(3).run();
+  GemvCase().out(300).in(512).batch(1025).residual(true).run();
 }
 
 // ------------------------------------------------------------------------------- rope ---
