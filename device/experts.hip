@@ -149,6 +149,43 @@ __device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
   return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
+// Whether a group's scales of one chunk (s[m]: the lane's four scale bytes of row tile m) are all
+// at most 2^1, as every practical checkpoint's: then each word takes one multiply, the multipliers
+// built two at a time (the same BF16 multiply as mxfp4_word_to_bf16's). Group-uniform.
+template <int MT>
+__device__ __forceinline__ bool mxfp4_small_scales(const uint32_t (&s)[MT]) {
+  uint32_t above = 0;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) above |= e8m0_any_above_128(s[m]);
+  return !__any(above != 0u);
+}
+
+// Block b of a chunk's weights (w[m], s[m]: the lane's 16 bytes and scale bytes of row tile m)
+// as the A fragments' BF16 pairs ar[m][h] of rows g and g + 8.
+template <int b, int MT>
+__device__ __forceinline__ void mxfp4_chunk_block(const uint4 (&w)[MT], const uint32_t (&s)[MT],
+                                                  bool small_scales, uint32_t (&ar)[MT][2][4]) {
+  if (small_scales) {  // group-uniform
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      uint32_t mult[2];
+      e8m0_pair_multipliers<b>(s[m], mult);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mxfp4_word_place(word_of(w[m], 2 * h + b), ar[m][h]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ar[m][h][j] = bf16x2_mul(ar[m][h][j], mult[h]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        mxfp4_word_to_bf16(word_of(w[m], 2 * h + b), (s[m] >> (8 * (2 * h + b))) & 0xffu, ar[m][h]);
+  }
+}
+
 // Routing workspace (int32), for `experts` experts (bucket `experts` gathers invalid indices):
 //   [0, experts + 2)              bucket_start: bucket b's first sorted position; last: pairs
 //   [experts + 2, 2 experts + 4)  tile_start: bucket b's first pair tile; last: the tiles
@@ -397,12 +434,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
         }
         const uint4(&w)[MT] = kCopyRing ? wc : wq[u];
         const uint32_t(&s)[MT] = kCopyRing ? sc : sq[u];
-        uint32_t above = 0;
-#pragma unroll
-        for (int m = 0; m < MT; ++m) above |= e8m0_any_above_128(s[m]);
-        // Scales of at most 2^1 (every practical checkpoint's) take one multiply per word, the
-        // multipliers built two at a time; the same BF16 multiply as mxfp4_word_to_bf16's.
-        const bool small_scales = !__any(above != 0u);
+        const bool small_scales = mxfp4_small_scales(s);
         constexpr int to = kCopyRing ? u : (u + kPrefetch<NT>) % kSlots;  // chunk c + kPrefetch
         load(wq[to], sq[to]);
         if constexpr (kPrefetchB) {
@@ -427,26 +459,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
               for (int j = 0; j < NT; ++j) bx[b][q][j] = bp[j][12 * b + 4 * q];
           }
           uint32_t ar[MT][2][4];
-          if (small_scales) {  // group-uniform
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-              uint32_t mult[2];
-              e8m0_pair_multipliers<b>(s[m], mult);
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                mxfp4_word_place(word_of(w[m], 2 * h + b), ar[m][h]);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) ar[m][h][j] = bf16x2_mul(ar[m][h][j], mult[h]);
-              }
-            }
-          } else {
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                mxfp4_word_to_bf16(word_of(w[m], 2 * h + b), (s[m] >> (8 * (2 * h + b))) & 0xffu,
-                                   ar[m][h]);
-          }
+          mxfp4_chunk_block<b>(w, s, small_scales, ar);
           mma_block(acc, ar, bx[b]);
         });
         if constexpr (!kPrefetchB) {
@@ -586,36 +599,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
           wq[0][m] = wq[1][m], sq[0][m] = sq[1][m];
         }
         load(wq[1], sq[1]);
-        uint32_t above = 0;
-#pragma unroll
-        for (int m = 0; m < MT; ++m) above |= e8m0_any_above_128(s[m]);
-        const bool small_scales = !__any(above != 0u);
+        const bool small_scales = mxfp4_small_scales(s);
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
           if (2 * c + b >= groups) return;  // block-uniform
           uint4 bx[kSplitParts][NT];
           wide_b_fragments(staged, c, b, g, t, bx);
           uint32_t ar[MT][2][4];
-          if (small_scales) {  // warp-uniform
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-              uint32_t mult[2];
-              e8m0_pair_multipliers<b>(s[m], mult);
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                mxfp4_word_place(word_of(w[m], 2 * h + b), ar[m][h]);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) ar[m][h][j] = bf16x2_mul(ar[m][h][j], mult[h]);
-              }
-            }
-          } else {
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                mxfp4_word_to_bf16(word_of(w[m], 2 * h + b), (s[m] >> (8 * (2 * h + b))) & 0xffu,
-                                   ar[m][h]);
-          }
+          mxfp4_chunk_block<b>(w, s, small_scales, ar);
           mma_block(acc, ar, bx);
         });
         stager.store(staged, c + 1, chunks);

@@ -119,6 +119,23 @@ __device__ __forceinline__ int segment_of(const MmaArgs& a, int row, int& j) {
   return s;
 }
 
+// Block b of a chunk's weights (w[m][h][b]: the lane's weights 8t .. 8t+7 of row g + 8 h of row
+// tile m) as the A fragments' pairs (8t+j, 8t+j+4), the split inputs' order.
+template <int MT>
+__device__ __forceinline__ void bf16_block_pairs(const uint4 (&w)[MT][2][2], int b,
+                                                 uint32_t (&ar)[MT][2][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 q = w[m][h][b];
+      ar[m][h][0] = (q.x & 0xffffu) | (q.z << 16);
+      ar[m][h][1] = (q.x >> 16) | (q.z & 0xffff0000u);
+      ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
+      ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
+    }
+}
+
 // grid (ceil(rows / 16 MT), min(ceil(batch / 8 NT), 65535)): the row tiles along x; with
 // kTilesAlongX (ceil(batch / 8 NT), ceil(rows / 16 MT)): the batch tiles along x. x varies
 // fastest in the launch order, so the tiles along x run together: at decode the few batch tiles
@@ -258,18 +275,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
               for (int jt = 0; jt < NT; ++jt) bx[b][q][jt] = bp[jt][12 * b + 4 * q];
           }
           const uint4(&bf)[3][NT] = bx[b];
-          // Weights (8t .. 8t+7) as the pairs (8t+j, 8t+j+4), the split inputs' order.
           uint32_t ar[MT][2][4];
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint4 q = w[m][h][b];
-              ar[m][h][0] = (q.x & 0xffffu) | (q.z << 16);
-              ar[m][h][1] = (q.x >> 16) | (q.z & 0xffff0000u);
-              ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
-              ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
-            }
+          bf16_block_pairs(w, b, ar);
           mma_block(acc, ar, bf);
         });
         if constexpr (!kPrefetchB) {
@@ -395,18 +402,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
           if (2 * c + b >= groups) return;  // block-uniform
           uint4 bx[kSplitParts][NT];
           wide_b_fragments(staged, c, b, g, t, bx);
-          // Weights (8t .. 8t+7) as the pairs (8t+j, 8t+j+4), the split inputs' order.
           uint32_t ar[MT][2][4];
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint4 q = w[m][h][b];
-              ar[m][h][0] = (q.x & 0xffffu) | (q.z << 16);
-              ar[m][h][1] = (q.x >> 16) | (q.z & 0xffff0000u);
-              ar[m][h][2] = (q.y & 0xffffu) | (q.w << 16);
-              ar[m][h][3] = (q.y >> 16) | (q.w & 0xffff0000u);
-            }
+          bf16_block_pairs(w, b, ar);
           mma_block(acc, ar, bx);
         });
         stager.store(staged, c + 1, chunks);
