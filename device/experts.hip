@@ -17,10 +17,11 @@
 // tiles is exact and the only roundings are the float32 accumulations -- a float32 dot product in
 // another order. One launch: (1) steps of more than a few pairs sort their (row, slot) pairs by
 // expert (a stable counting sort into the routing workspace) so that a tile's pairs share one
-// expert and its weights are read once per tile; (2) x is split; (3) a block computes 16 MT
-// rows by 8 NT pairs of one expert per tile, each of its four groups of 32 lanes over a quarter
-// of the inputs (f32_mxfp4w_moe_mma; prefill's 32-pair tiles take 128 rows per block, each group
-// 32 of them over all of the inputs: f32_mxfp4w_moe_mma_wide). Tilings differ in which
+// expert and its weights are read once per tile; (2) x is split; (3) a block computes a tile of
+// one expert's rows by its pairs: in pair mode 32 rows by one pair, each of its four groups of 32
+// lanes over a quarter of the inputs (f32_mxfp4w_moe_mma); grouped, 128 rows by 8 or 32 pairs,
+// each group 32 of the rows over all of the inputs, the pairs' inputs staged once per block
+// (f32_mxfp4w_moe_mma_wide). Tilings differ in which
 // lanes compute an element, never in its sequence of MMA steps, so the results are the same bits
 // for any step size.
 //
@@ -502,18 +503,29 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
   }
 }
 
-// Large tiles (steps of about 32 pairs per expert and more: prefill): four groups on 128 rows
-// of one expert by 32 pairs, the pairs' split inputs shared through shared memory (mma_tiles.h,
-// "wide tiles"); a group's rows, weights and MMA steps as in f32_mxfp4w_moe_mma.
-template <bool kSwiGLU>
-__global__ void __launch_bounds__(kMmaThreads, 1)
+// The wide tiles' blocks per SM the register budget is cut for, and the chunks of weights each
+// lane keeps in flight beyond the one in use: the 8-pair tiles were fastest at five blocks and one
+// chunk (96 registers; at four blocks and two chunks mlp2 took 9 % longer at batch 64), the
+// 32-pair tiles hold one block and two chunks (docs/measurements.md).
+template <int NT>
+constexpr int kWideMoeBlocksPerSm = NT == 1 ? 5 : 1;
+template <int NT>
+constexpr int kWideAhead = NT == 1 ? 1 : 2;
+
+// Wide tiles: four groups on 128 rows of one expert by 8 NT pairs, the pairs' split inputs shared
+// through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps as in
+// f32_mxfp4w_moe_mma. 32 pairs (NT = 4) for steps of about 32 pairs per expert and more
+// (prefill), 8 pairs from about 8 pairs per expert (batched decode; moe_tiling).
+template <bool kSwiGLU, int NT>
+__global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
     f32_mxfp4w_moe_mma_wide(const MoeArgs a, const int32_t* routing, const uint4* split) {
-  constexpr int MT = 2, NT = 4;
+  constexpr int MT = 2, kCols = 8 * NT;
+  using Stager = WideStager<kCols>;
   const int lane = int(threadIdx.x) % kMmaLanes, warp = int(threadIdx.x) / kMmaLanes;
   const int g = lane / 4, t = lane % 4;
   const int j0 = int(blockIdx.x) * kWideRows + 32 * warp;  // the warp's first row
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
-  __shared__ WideStaged staged;
+  __shared__ WideStaged<kCols> staged;
   __shared__ WideQuarters<MT, NT> quarters;
   const int k = a.k;
   const uint4* const packed_blocks = reinterpret_cast<const uint4*>(a.blocks);
@@ -531,8 +543,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         hi = mid - 1;
     }
     const int bucket = lo;
-    const int first = rv.bucket_start[bucket] + (tile - rv.tile_start[bucket]) * kWideCols;
-    const int np = min(kWideCols, rv.bucket_start[bucket + 1] - first);
+    const int first = rv.bucket_start[bucket] + (tile - rv.tile_start[bucket]) * kCols;
+    const int np = min(kCols, rv.bucket_start[bucket + 1] - first);
     const auto pair_at = [&](int n) { return rv.sorted[first + n]; };
     if (bucket == a.experts) {  // invalid expert indices: NaN for every output of the tile
       const int j_block = int(blockIdx.x) * kWideRows;
@@ -545,14 +557,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     const int e = bucket;
 
     // The staging (WideStager): a pair past the tile's stages its first pair.
-    WideStager stager = [&] {
-      const int n = int(threadIdx.x) / 4, p = pair_at(n < np ? n : 0), r = p / k, slot = p % k;
+    Stager stager = [&] {
+      const int n = int(threadIdx.x) / Stager::kThreadsPerCol;
+      const int p = pair_at(n < np ? n : 0), r = p / k, slot = p % k;
       const int64_t v = int64_t(r) * a.x_row_stride + int64_t(slot) * a.x_slot_stride;
-      return WideStager(int(threadIdx.x), split + (v / 32) * kSplitQuadsPerBlock);
+      return Stager(int(threadIdx.x), split + (v / 32) * kSplitQuadsPerBlock);
     }();
 
     // A: the warp's rows, the lane's 16 bytes and 4 scale bytes of each chunk (as in
-    // f32_mxfp4w_moe_mma), two chunks ahead, walked over the whole input.
+    // f32_mxfp4w_moe_mma), kWideAhead chunks ahead, walked over the whole input.
     const uint4* ap[MT];
     const uint32_t* sp[MT];
 #pragma unroll
@@ -562,8 +575,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       ap[m] = packed_blocks + tile_chunk * kMmaLanes + lane;
       sp[m] = packed_scales + tile_chunk * 8 + g;
     }
-    uint4 wq[2][MT];
-    uint32_t sq[2][MT];
+    uint4 wq[kWideAhead<NT>][MT];
+    uint32_t sq[kWideAhead<NT>][MT];
     int next = 0;
     const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
       const bool live = next < chunks;
@@ -579,7 +592,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       ++next;
     };
     load(wq[0], sq[0]);
-    load(wq[1], sq[1]);
+    if constexpr (kWideAhead<NT> == 2) load(wq[1], sq[1]);
     stager.load(0, chunks, groups);
     stager.store(staged, 0, chunks);
     __syncthreads();
@@ -596,9 +609,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           w[m] = wq[0][m], s[m] = sq[0][m];
-          wq[0][m] = wq[1][m], sq[0][m] = sq[1][m];
+          if constexpr (kWideAhead<NT> == 2) wq[0][m] = wq[1][m], sq[0][m] = sq[1][m];
         }
-        load(wq[1], sq[1]);
+        load(wq[kWideAhead<NT> - 1], sq[kWideAhead<NT> - 1]);
         const bool small_scales = mxfp4_small_scales(s);
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
@@ -755,7 +768,7 @@ void require_mxfp4(const ExpertWeights& w, const float* x, int x_row_stride, int
 
 template <bool kSwiGLU, int MT, int NT>
 void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4* split,
-                int64_t tiles_bound, hipStream_t stream) {
+                int64_t tiles_bound, bool wide, hipStream_t stream) {
   const dim3 grid(unsigned(ceil_div(a.out, 16 * MT)),
                   unsigned(std::min<int64_t>(tiles_bound, 65535)));
   if constexpr (NT == 1) {  // pair mode takes one pair per tile
@@ -766,15 +779,18 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
       return;
     }
   }
-  if constexpr (NT == 4) {  // the large tiles: four warps on 128 rows of 32 pairs
-    const dim3 wide(unsigned(ceil_div(a.out, kWideRows)), grid.y);
-    f32_mxfp4w_moe_mma_wide<kSwiGLU><<<wide, kMmaThreads, 0, stream>>>(a, routing, split);
-    HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma_wide", stream);
-  } else {
-    f32_mxfp4w_moe_mma<kSwiGLU, true, MT, NT>
-        <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
-    HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
+  if constexpr (NT == 1) {  // grouped 8-pair tiles: 32 rows a block, or wide
+    if (!wide) {
+      f32_mxfp4w_moe_mma<kSwiGLU, true, MT, NT>
+          <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
+      HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
+      return;
+    }
   }
+  // Four warps on 128 rows of 8 NT pairs (32-pair tiles are always wide).
+  const dim3 wide_grid(unsigned(ceil_div(a.out, kWideRows)), grid.y);
+  f32_mxfp4w_moe_mma_wide<kSwiGLU, NT><<<wide_grid, kMmaThreads, 0, stream>>>(a, routing, split);
+  HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma_wide", stream);
 }
 
 }  // namespace
@@ -821,10 +837,13 @@ size_t moe_routing_ints(int64_t pairs, int experts) {
 namespace detail {
 
 MoeTiling moe_tiling(int64_t pairs, int experts) {
-  if (pairs <= kPairModeMaxPairs) return {false, 2, 1};
-  // About 32 pairs per expert or more: 32-row by 32-pair tiles; fewer: 32 by 8.
-  if (pairs >= 32 * int64_t(experts)) return {true, 2, 4};
-  return {true, 2, 1};
+  if (pairs <= kPairModeMaxPairs) return {false, 2, 1, false};
+  // About 32 pairs per expert or more: 128-row by 32-pair tiles; 8 or more, 128 by 8; fewer,
+  // 32 by 8, the four warps of a block on a quarter of the input each (at 1-4 pairs per expert
+  // the wide blocks were 3-9 % slower: too few blocks; docs/measurements.md).
+  if (pairs >= 32 * int64_t(experts)) return {true, 2, 4, true};
+  if (pairs >= 8 * int64_t(experts)) return {true, 2, 1, true};
+  return {true, 2, 1, false};
 }
 
 void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int batch, int k,
@@ -841,8 +860,11 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
   PARITY_DEVICE_REQUIRE((mt == 2 && nt == 1) || (mt == 2 && nt == 4),
                         "launch_f32_moe_linear: tiles of ", mt, " x 16 rows by ", nt,
                         " x 8 pairs are not built (2 x 1 and 2 x 4 are)");
-  PARITY_DEVICE_REQUIRE(tiling.grouped || nt == 1,
-                        "launch_f32_moe_linear: pair mode takes one pair per tile");
+  PARITY_DEVICE_REQUIRE(tiling.grouped || (nt == 1 && !tiling.wide),
+                        "launch_f32_moe_linear: pair mode takes one pair per tile, 32 rows a "
+                        "block");
+  PARITY_DEVICE_REQUIRE(tiling.wide || nt == 1,
+                        "launch_f32_moe_linear: tiles of 32 pairs are wide (128 rows a block)");
   const int64_t x_floats = moe_x_floats(batch, k, x_row_stride, x_slot_stride, w.in);
   PARITY_DEVICE_REQUIRE(ws.split.size() >= split_bf16x3_words(x_floats),
                         "launch_f32_moe_linear: the split workspace holds ", ws.split.size(),
@@ -872,14 +894,14 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
   const int np = int(pairs);
   if (nt == 1) {
     if (act != nullptr)
-      launch_mma<true, 2, 1>(a, np, routing, split, tiles_bound, stream);
+      launch_mma<true, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
     else
-      launch_mma<false, 2, 1>(a, np, routing, split, tiles_bound, stream);
+      launch_mma<false, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
   } else {
     if (act != nullptr)
-      launch_mma<true, 2, 4>(a, np, routing, split, tiles_bound, stream);
+      launch_mma<true, 2, 4>(a, np, routing, split, tiles_bound, true, stream);
     else
-      launch_mma<false, 2, 4>(a, np, routing, split, tiles_bound, stream);
+      launch_mma<false, 2, 4>(a, np, routing, split, tiles_bound, true, stream);
   }
 }
 

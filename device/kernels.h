@@ -89,6 +89,18 @@ struct SplitInput {
 void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
                           float* y, int ldy, GemvResidual residual, SplitInput split,
                           hipStream_t stream);
+namespace detail {
+// The MMA tiling behind launch_f32_gemv_bias, callable with either so that the kernel tests
+// compare them bit for bit: quarter tiles (a block's four warps on the same 32 or 16 rows, a
+// quarter of the input each) or wide (128 rows a block, each warp 32 of them over the whole
+// input, the batch rows' split inputs staged once per block; batch 32 and more). gemv_wide says
+// which the entry point takes for `rows` output rows at `batch`.
+enum class GemvTiling { automatic, quarter, wide };
+bool gemv_wide(int rows, int batch);
+void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const float* x, int ldx,
+                                int batch, float* y, int ldy, GemvResidual residual,
+                                SplitInput split, GemvTiling tiling, hipStream_t stream);
+}  // namespace detail
 
 // qkv split + YaRN RoPE (half-split pairs, gpt_oss/torch/model.py _apply_rotary_emb):
 //   for head h of q (nH heads) and k (nKV heads), i < d/2, angle = pos * inv_freq[i] (float):
@@ -207,10 +219,13 @@ size_t moe_routing_ints(int64_t pairs, int experts);
 namespace detail {
 // The tiling behind launch_f32_moe_linear, callable with any built tiling so that the kernel
 // tests compare them bit for bit: pair mode (one pair per tile, no sort) or grouped by expert,
-// with tiles of 16 m_tiles rows by 8 n_tiles pairs (2 x 1 or 2 x 4).
+// with tiles of 16 m_tiles rows by 8 n_tiles pairs (2 x 1 or 2 x 4); `wide` blocks take four
+// such row tiles of the same pairs (128 rows; their split inputs staged once per block), or
+// else one, the four warps a quarter of the input each. Pair mode is not wide, 2 x 4 always is.
 struct MoeTiling {
   bool grouped = true;
   int m_tiles = 2, n_tiles = 1;
+  bool wide = false;
 };
 MoeTiling moe_tiling(int64_t pairs, int experts);  // the one launch_f32_moe_linear takes
 void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int batch, int k,

@@ -321,19 +321,19 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
   }
 }
 
-// Prefill's large tiles: four groups on 128 rows by 32 batch rows, the batch rows' split inputs
-// shared through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps
-// as in f32_bf16w_mma. grid (ceil(rows / 128), min(ceil(batch / 32), 65535)), the block walking
-// the batch tiles along y.
+// Wide tiles: four groups on 128 rows by 32 batch rows, the batch rows' split inputs shared
+// through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps as in
+// f32_bf16w_mma. grid (ceil(rows / 128), min(ceil(batch / 32), 65535)), the block walking the
+// batch tiles along y.
 __global__ void __launch_bounds__(kMmaThreads, 1)
     f32_bf16w_mma_wide(const MmaArgs a, const uint4* split) {
-  constexpr int MT = 2, NT = 4;
+  constexpr int MT = 2, NT = 4, kCols = 8 * NT;
   const int lane = int(threadIdx.x) % kMmaLanes, group = int(threadIdx.x) / kMmaLanes;
   const int g = lane / 4, t = lane % 4;
   const int rows = pick(a.row_end, a.nseg - 1);
   const int j0 = int(blockIdx.x) * kWideRows + 32 * group;  // the group's first row
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
-  __shared__ WideStaged staged;
+  __shared__ WideStaged<kCols> staged;
   __shared__ WideQuarters<MT, NT> quarters;
   // A: 16 bytes (weights 8t .. 8t+7 of a block) of rows j0 + 16 m + 8 h + g.
   const uint4* ap0[MT][2];
@@ -345,9 +345,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       const int s = segment_of(a, min(j0 + 16 * m + 8 * h + g, rows - 1), j);
       ap0[m][h] = reinterpret_cast<const uint4*>(pick(a.w, s) + int64_t(j) * a.in) + t;
     }
-  const int tiles = (a.batch + kWideCols - 1) / kWideCols;
+  const int tiles = (a.batch + kCols - 1) / kCols;
   for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
-    const int b0 = tile * kWideCols, nb = min(kWideCols, a.batch - b0);
+    const int b0 = tile * kCols, nb = min(kCols, a.batch - b0);
     const uint4* ap[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -375,9 +375,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     // its end.
     wait_for_previous_grid();
     // The staging (WideStager): a batch row past the batch stages the tile's first.
-    WideStager stager(int(threadIdx.x),
-                      split + int64_t(b0 + (int(threadIdx.x) / 4 < nb ? int(threadIdx.x) / 4 : 0)) *
-                                  (a.ldx / 32) * kSplitQuadsPerBlock);
+    using Stager = WideStager<kCols>;
+    const int col = int(threadIdx.x) / Stager::kThreadsPerCol;
+    Stager stager(int(threadIdx.x),
+                  split + int64_t(b0 + (col < nb ? col : 0)) * (a.ldx / 32) * kSplitQuadsPerBlock);
     stager.load(0, chunks, groups);
     stager.store(staged, 0, chunks);
     __syncthreads();
@@ -442,27 +443,35 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   }
 }
 
-// Batch tiles from which the large tiles go wide (f32_bf16w_mma_wide): prefill's steps of 1,024
-// rows and more, whose blocks of 128 rows fill the GPU several times over. Decode steps keep the
-// quarter tiles (at batch 256 the wide launch is 320 blocks of qkv, about a wave and a fifth;
-// the step measured the same either way, docs/measurements.md).
+// When the large tiles (batch 32 and more) go wide (f32_bf16w_mma_wide): prefill's steps of 1,024
+// rows and more (32 batch tiles), whose blocks of 128 rows fill the GPU several times over, and
+// any launch of at least kMinWideBlocks blocks of 128 rows (lm_head at decode: 1,571 row blocks
+// per batch tile). The quarter tiles read a batch tile's split inputs once per 32 rows of the
+// output, at lm_head three times its weight bytes. Launches of fewer blocks keep the quarter
+// tiles, four times as many blocks (at batch 256 the wide launch of qkv is 320 blocks, about a
+// wave and a fifth; the step measured the same either way). Below batch 32, wide blocks of 8
+// batch rows gave lm_head nothing at batch 1 and 8 (docs/measurements.md).
 constexpr int kMinWideBatchTiles = 32;
+constexpr int64_t kMinWideBlocks = 512;
 
 // Batch tiles up to which they go along x (kTilesAlongX): measured at batch 1 and 64 (one and
 // two tiles); prefill's many tiles were faster along y.
 constexpr int kMaxTilesAlongX = 2;
 
 template <int MT, int NT>
-void launch_mma(const MmaArgs& a, const uint4* split, hipStream_t stream) {
+void launch_mma(const MmaArgs& a, const uint4* split, bool wide, hipStream_t stream) {
   const int rows = a.row_end[a.nseg - 1];
   const int row_tiles = ceil_div(rows, 16 * MT), batch_tiles = ceil_div(a.batch, 8 * NT);
   // Launched to overlap the end of the kernel before (wait_for_previous_grid in the kernel).
-  if (MT == 2 && NT == 4 && batch_tiles >= kMinWideBatchTiles) {
-    const dim3 grid(unsigned(ceil_div(rows, kWideRows)), unsigned(std::min(batch_tiles, 65535)));
-    HIP_CHECK(launch_programmatic(&f32_bf16w_mma_wide, grid, dim3(kMmaThreads), 0, stream, a,
-                                  split));
-    HIP_LAUNCH_CHECK("f32_bf16w_mma_wide", stream);
-    return;
+  if constexpr (MT == 2 && NT == 4) {
+    if (wide) {
+      const dim3 grid(unsigned(ceil_div(rows, kWideRows)),
+                      unsigned(std::min(batch_tiles, 65535)));
+      HIP_CHECK(launch_programmatic(&f32_bf16w_mma_wide, grid, dim3(kMmaThreads), 0, stream, a,
+                                    split));
+      HIP_LAUNCH_CHECK("f32_bf16w_mma_wide", stream);
+      return;
+    }
   }
   if (batch_tiles <= kMaxTilesAlongX && row_tiles <= 65535) {  // y holds up to 65535
     HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, true>,
@@ -492,9 +501,18 @@ void launch_rb(const GemvArgs<W>& a, bool vec, int grid_x, hipStream_t stream) {
 
 }  // namespace
 
-void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
-                          float* y, int ldy, GemvResidual residual, SplitInput split,
-                          hipStream_t stream) {
+namespace detail {
+
+bool gemv_wide(int rows, int batch) {
+  if (batch < 32) return false;
+  const int64_t batch_tiles = ceil_div(batch, 32);
+  return batch_tiles >= kMinWideBatchTiles ||
+         int64_t(ceil_div(rows, kWideRows)) * batch_tiles >= kMinWideBlocks;
+}
+
+void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const float* x, int ldx,
+                                int batch, float* y, int ldy, GemvResidual residual,
+                                SplitInput split, GemvTiling tiling, hipStream_t stream) {
   PARITY_DEVICE_REQUIRE(!segments.empty(), "launch_f32_gemv_bias: no segments");
   PARITY_DEVICE_REQUIRE(x != nullptr && y != nullptr, "launch_f32_gemv_bias: null x or y");
   PARITY_DEVICE_REQUIRE(batch > 0, "launch_f32_gemv_bias: batch ", batch, " must be positive");
@@ -519,8 +537,8 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
       "launch_f32_gemv_bias: residual row of ", residual.ld, " too short");
   if (!same_type) {  // mixed dtypes (never in practice): one launch per segment
     for (const auto& s : segments)
-      launch_f32_gemv_bias(std::span<const GemvSegment>(&s, 1), x, ldx, batch, y, ldy, residual,
-                           split, stream);
+      launch_f32_gemv_bias_tiled(std::span<const GemvSegment>(&s, 1), x, ldx, batch, y, ldy,
+                                 residual, split, tiling, stream);
     return;
   }
   // BF16 weights with inputs in whole blocks of 32: MMA tiles (for every batch size alike).
@@ -556,11 +574,15 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
     a.ld_res = residual.ld;
     const uint4* sp = reinterpret_cast<const uint4*>(split.words.data());
     // 32 rows by 32 batch rows per block; small batches 16 by 8, so that o_proj's 2,880 rows
-    // still make 180 blocks.
+    // still make 180 blocks; either wide (128 rows a block) where detail::gemv_wide says.
+    const bool wide = tiling == GemvTiling::automatic ? detail::gemv_wide(rows, batch)
+                                                      : tiling == GemvTiling::wide;
+    PARITY_DEVICE_REQUIRE(!wide || batch >= 32, "launch_f32_gemv_bias: the wide tiles take 32 "
+                          "batch rows and more, got ", batch);
     if (batch >= 32)
-      launch_mma<2, 4>(a, sp, stream);
+      launch_mma<2, 4>(a, sp, wide, stream);
     else
-      launch_mma<1, 1>(a, sp, stream);
+      launch_mma<1, 1>(a, sp, wide, stream);
     return;
   }
   dispatch_weight_type(segments[0].w.type, [&]<typename W>() {
@@ -600,6 +622,15 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
       launch_rb<W, 8>(a, vec, grid_x, stream);
   });
   HIP_LAUNCH_CHECK("f32_gemv_bias_w", stream);
+}
+
+}  // namespace detail
+
+void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x, int ldx, int batch,
+                          float* y, int ldy, GemvResidual residual, SplitInput split,
+                          hipStream_t stream) {
+  detail::launch_f32_gemv_bias_tiled(segments, x, ldx, batch, y, ldy, residual, split,
+                                     detail::GemvTiling::automatic, stream);
 }
 
 }  // namespace parity::device

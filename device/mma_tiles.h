@@ -88,47 +88,59 @@ struct MmaPartials {
 // quarter on fresh accumulators, and adds the quarters as MmaPartials::sum does, (p0 + p1) +
 // (p2 + p3): every output element sees the same operations in every tiling.
 inline constexpr int kWideRows = 32 * kMmaGroups;
-inline constexpr int kWideCols = 32;
+inline constexpr int kWideCols = 32;  // prefill's tiles; the experts' grouped decode tiles take 8
 inline constexpr int kWideQuadsPerCol = 2 * kSplitQuadsPerBlock;  // a column's chunk, 16-byte units
 // Padded: the eight columns a group's lanes read at once fall in different banks.
 inline constexpr int kWideColStride = kWideQuadsPerCol + 1;
-inline constexpr int kWideStageQuads = kWideCols * kWideQuadsPerCol / kMmaThreads;  // per thread
-static_assert(kWideCols * kWideQuadsPerCol % kMmaThreads == 0);
 
-// Two chunks of the columns' split inputs in turn (chunk c in slot c % 2).
+// Two chunks of kCols columns' split inputs in turn (chunk c in slot c % 2).
+template <int kCols>
 struct WideStaged {
-  uint4 slot[2][kWideCols * kWideColStride];
+  uint4 slot[2][kCols * kWideColStride];
 };
 
-// One thread's share of staging a chunk: quads quad, quad + 4, ... of column `col` (thread / 4;
-// a chunk's two blocks are contiguous), loaded into registers while the chunk before is summed,
-// stored after it. A block past the input (odd block counts) stages zeros, never read.
+// One thread's share of staging a chunk of kCols columns: column thread / kThreadsPerCol, quads
+// quad, quad + kThreadsPerCol, ... of it (a chunk's two blocks are contiguous), loaded into
+// registers while the chunk before is summed, stored after it. A block past the input (odd block
+// counts) stages zeros, never read.
+template <int kCols>
 struct WideStager {
+  static constexpr int kThreadsPerCol = kMmaThreads / kCols;
+  static constexpr int kQuads = (kWideQuadsPerCol + kThreadsPerCol - 1) / kThreadsPerCol;
+  static_assert(kMmaThreads % kCols == 0);
   const uint4* src;  // the column's split inputs at block 0, + quad
   int col, quad;
-  uint4 regs[kWideStageQuads];
+  uint4 regs[kQuads];
   __device__ __forceinline__ WideStager(int thread, const uint4* col_split)
-      : src(col_split + thread % 4), col(thread / 4), quad(thread % 4) {}
+      : src(col_split + thread % kThreadsPerCol),
+        col(thread / kThreadsPerCol),
+        quad(thread % kThreadsPerCol) {}
+  // Whether the thread's u-th quad lies within a column's chunk (always, for 32 columns).
+  __device__ __forceinline__ bool owns(int u) const {
+    return kWideQuadsPerCol % kThreadsPerCol == 0 || quad + kThreadsPerCol * u < kWideQuadsPerCol;
+  }
   __device__ __forceinline__ void load(int c, int chunks, int groups) {
     if (c >= chunks) return;
 #pragma unroll
-    for (int u = 0; u < kWideStageQuads; ++u)
-      regs[u] = 2 * c + (quad + 4 * u) / kSplitQuadsPerBlock < groups
-                    ? src[2 * c * kSplitQuadsPerBlock + 4 * u]
-                    : uint4{0, 0, 0, 0};
+    for (int u = 0; u < kQuads; ++u)
+      if (owns(u))
+        regs[u] = 2 * c + (quad + kThreadsPerCol * u) / kSplitQuadsPerBlock < groups
+                      ? src[2 * c * kSplitQuadsPerBlock + kThreadsPerCol * u]
+                      : uint4{0, 0, 0, 0};
   }
-  __device__ __forceinline__ void store(WideStaged& st, int c, int chunks) const {
+  __device__ __forceinline__ void store(WideStaged<kCols>& st, int c, int chunks) const {
     if (c >= chunks) return;
     uint4* const to = st.slot[c % 2] + col * kWideColStride + quad;
 #pragma unroll
-    for (int u = 0; u < kWideStageQuads; ++u) to[4 * u] = regs[u];
+    for (int u = 0; u < kQuads; ++u)
+      if (owns(u)) to[kThreadsPerCol * u] = regs[u];
   }
 };
 
 // Lane (g, t)'s B fragments of block b of chunk c: part q of column 8 j + g.
 template <int NT>
-__device__ __forceinline__ void wide_b_fragments(const WideStaged& st, int c, int b, int g, int t,
-                                                 uint4 (&bx)[kSplitParts][NT]) {
+__device__ __forceinline__ void wide_b_fragments(const WideStaged<8 * NT>& st, int c, int b, int g,
+                                                 int t, uint4 (&bx)[kSplitParts][NT]) {
   const uint4* const s = st.slot[c % 2];
 #pragma unroll
   for (int q = 0; q < kSplitParts; ++q)

@@ -579,6 +579,72 @@ TEST_F(DeviceKernels, GemvMmaBatchPastOneTileAndThreeSegments) {
   GemvCase().out(300).in(512).batch(1025).residual(true).run();
 }
 
+// The projection's tilings against each other: quarter tiles (four warps on the same rows, a
+// quarter of the input each) and wide tiles (128 rows a block by 32 batch rows) give every output
+// the same bits, and the entry point gives the same bits as both: rows not a multiple of 128, odd
+// blocks of 32 inputs, three segments, the residual epilogue, one to three batch tiles, and
+// 66,000 rows (as lm_head: wide from the entry point); the wide tiles refuse batches below 32.
+TEST_F(DeviceKernels, GemvWideAndQuarterTilesAgree) {
+  struct Shape {
+    int out, in, batch, segments;
+    bool residual;
+  };
+  for (const Shape sh : {Shape{517, 2880, 32, 1, false}, Shape{300, 96, 40, 3, false},
+                         Shape{517, 512, 64, 1, true}, Shape{260, 2880, 33, 1, false},
+                         Shape{300, 96, 70, 1, true}, Shape{66000, 64, 40, 1, false}}) {
+    SCOPED_TRACE(fmt::format("out={} in={} batch={} segments={} residual={}", sh.out, sh.in,
+                             sh.batch, sh.segments, sh.residual));
+    std::mt19937_64 rng(7 + uint64_t(sh.out) + uint64_t(sh.batch));
+    std::vector<int> seg_rows = {sh.out};
+    if (sh.segments == 3) seg_rows = {sh.out, sh.out / 2 + 1, 7};
+    int ldy = 0;
+    std::vector<HostMatrix> w;
+    std::vector<DeviceBuffer> dw, db;
+    std::vector<GemvSegment> segs;
+    for (const int rows : seg_rows) {
+      w.push_back(random_matrix(rng, WeightType::bf16, size_t(rows) * sh.in));
+      dw.push_back(upload(w.back().bytes));
+      db.push_back(upload(random_floats(rng, size_t(rows), -1, 1)));
+      segs.push_back({{WeightType::bf16, dw.back().as(), rows, sh.in}, db.back().as<float>(), ldy});
+      ldy += rows;
+    }
+    const std::vector<float> x = random_floats(rng, size_t(sh.batch) * sh.in, -3, 3);
+    const std::vector<float> resid = random_floats(rng, size_t(sh.batch) * ldy, -4, 4);
+    DeviceBuffer dx = upload(x), dres = upload(resid);
+    const SplitScratch split(int64_t(sh.batch) * sh.in);
+    const auto run = [&](detail::GemvTiling tiling) {
+      Output y(size_t(sh.batch) * ldy), ro(size_t(sh.batch) * ldy);
+      GemvResidual epi;
+      if (sh.residual) epi = {dres.as<float>(), ro.ptr(), ldy};
+      detail::launch_f32_gemv_bias_tiled(segs, dx.as<float>(), sh.in, sh.batch, y.ptr(), ldy, epi,
+                                         {split.span()}, tiling, nullptr);
+      std::vector<float> out = y.fetch();
+      if (sh.residual) {
+        const std::vector<float> r = ro.fetch();
+        out.insert(out.end(), r.begin(), r.end());
+      }
+      return out;
+    };
+    const std::vector<float> quarter = run(detail::GemvTiling::quarter);
+    const std::vector<float> wide = run(detail::GemvTiling::wide);
+    const std::vector<float> entry = run(detail::GemvTiling::automatic);
+    for (size_t i = 0; i < quarter.size(); ++i) ASSERT_FALSE(std::isnan(quarter[i])) << i;
+    EXPECT_EQ(std::memcmp(quarter.data(), wide.data(), quarter.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(quarter.data(), entry.data(), quarter.size() * sizeof(float)), 0);
+    EXPECT_EQ(detail::gemv_wide(sh.out, sh.batch), sh.out == 66000) << "the entry point's tiling";
+  }
+  std::mt19937_64 rng(8);
+  const HostMatrix w = random_matrix(rng, WeightType::bf16, size_t(256) * 64);
+  DeviceBuffer dw = upload(w.bytes), dx = upload(random_floats(rng, size_t(31) * 64, -1, 1));
+  const GemvSegment seg{{WeightType::bf16, dw.as(), 256, 64}, nullptr, 0};
+  const SplitScratch split(int64_t(31) * 64);
+  Output y(size_t(31) * 256);
+  EXPECT_THROW(
+      detail::launch_f32_gemv_bias_tiled({&seg, 1}, dx.as<float>(), 64, 31, y.ptr(), 256, {},
+                                         {split.span()}, detail::GemvTiling::wide, nullptr),
+      parity::Error);
+}
+
 // ------------------------------------------------------------------------------- rope ---
 
 class RopeCase {
@@ -1442,7 +1508,7 @@ TEST_F(DeviceKernels, Mxfp4PackingPlacesEveryByteWhereTheKernelReadsIt) {
 }
 
 // The MXFP4 expert linear's tilings against each other: pair mode (one pair per tile, pair
-// order), grouped by expert in tiles of 32 rows by 8 pairs and of 32 rows by 32 pairs, and the
+// order), grouped by expert in blocks of 32 rows by 8 pairs, 128 by 8 and 128 by 32, and the
 // entry point give the same bits for every output, including NaN for invalid expert indices (a
 // row's result does not depend on the step's other rows); the routing workspace equals a host
 // stable counting sort.
@@ -1558,14 +1624,18 @@ class MoeTilingCase {
         }
       };
       for (const detail::MoeTiling tiling :
-           {detail::MoeTiling{true, 2, 1}, detail::MoeTiling{true, 2, 4}}) {
+           {detail::MoeTiling{true, 2, 1, false}, detail::MoeTiling{true, 2, 1, true},
+            detail::MoeTiling{true, 2, 4, true}}) {
         Output y(ny), a(na);
         detail::launch_f32_mxfp4w_moe_mma(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row,
                                           x_slot, y.ptr(), act(a), 1.702f, 7.0f, scratch.ws(),
                                           tiling, nullptr);
         EXPECT_EQ(scratch.routing(), want_routing(8 * tiling.n_tiles))
             << "routing workspace, tiles of " << 8 * tiling.n_tiles;
-        same(y, a, tiling.n_tiles == 1 ? "grouped 32 x 8" : "grouped 32 x 32");
+        same(y, a,
+             tiling.n_tiles == 4 ? "grouped 128 x 32"
+             : tiling.wide       ? "grouped 128 x 8"
+                                 : "grouped 32 x 8");
       }
       Output y_entry(ny), a_entry(na);
       launch_f32_moe_linear(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
