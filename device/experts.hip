@@ -18,12 +18,12 @@
 // another order. One launch: (1) steps of more than a few pairs sort their (row, slot) pairs by
 // expert (a stable counting sort into the routing workspace) so that a tile's pairs share one
 // expert and its weights are read once per tile; (2) x is split; (3) a block computes a tile of
-// one expert's rows by its pairs: in pair mode 32 rows by one pair, each of its four groups of 32
-// lanes over a quarter of the inputs (f32_mxfp4w_moe_mma); grouped, 128 rows by 8 or 32 pairs,
-// each group 32 of the rows over all of the inputs, the pairs' inputs staged once per block
-// (f32_mxfp4w_moe_mma_wide). Tilings differ in which
-// lanes compute an element, never in its sequence of MMA steps, so the results are the same bits
-// for any step size.
+// one expert's rows by its pairs: in pair mode and in grouped steps of few pairs per expert 32
+// rows by one pair or 8 pairs, each of its four groups of 32 lanes over a quarter of the inputs
+// (f32_mxfp4w_moe_mma); in larger steps 128 rows by 8, 16 or 32 pairs, each group 32 of the rows
+// over all of the inputs, the pairs' inputs staged once per block (f32_mxfp4w_moe_mma_wide;
+// moe_tiling picks). Tilings differ in which lanes compute an element, never in its sequence of
+// MMA steps, so the results are the same bits for any step size.
 //
 // Dense (the layout transformers writes for a dequantized model): W[e] stored [in, out], so one
 // thread per output column walks the input axis; neighbouring threads read neighbouring columns.
@@ -506,16 +506,17 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
 // The wide tiles' blocks per SM the register budget is cut for, and the chunks of weights each
 // lane keeps in flight beyond the one in use: the 8-pair tiles were fastest at five blocks and one
 // chunk (96 registers; at four blocks and two chunks mlp2 took 9 % longer at batch 64), the
-// 32-pair tiles hold one block and two chunks (docs/measurements.md).
+// 16-pair tiles four and one (128 registers; at three blocks mlp1 took 4 % longer at batch
+// 128), the 32-pair tiles one and two (docs/measurements.md).
 template <int NT>
-constexpr int kWideMoeBlocksPerSm = NT == 1 ? 5 : 1;
+constexpr int kWideMoeBlocksPerSm = NT == 1 ? 5 : NT == 2 ? 4 : 1;
 template <int NT>
-constexpr int kWideAhead = NT == 1 ? 1 : 2;
+constexpr int kWideAhead = NT == 4 ? 2 : 1;
 
 // Wide tiles: four groups on 128 rows of one expert by 8 NT pairs, the pairs' split inputs shared
 // through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps as in
 // f32_mxfp4w_moe_mma. 32 pairs (NT = 4) for steps of about 32 pairs per expert and more
-// (prefill), 8 pairs from about 8 pairs per expert (batched decode; moe_tiling).
+// (prefill), 16 and 8 pairs from about 16 and 8 per expert (batched decode; moe_tiling).
 template <bool kSwiGLU, int NT>
 __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
     f32_mxfp4w_moe_mma_wide(const MoeArgs a, const int32_t* routing, const uint4* split) {
@@ -838,10 +839,11 @@ namespace detail {
 
 MoeTiling moe_tiling(int64_t pairs, int experts) {
   if (pairs <= kPairModeMaxPairs) return {false, 2, 1, false};
-  // About 32 pairs per expert or more: 128-row by 32-pair tiles; 8 or more, 128 by 8; fewer,
-  // 32 by 8, the four warps of a block on a quarter of the input each (at 1-4 pairs per expert
-  // the wide blocks were 3-9 % slower: too few blocks; docs/measurements.md).
+  // About 32 pairs per expert or more: 128-row by 32-pair tiles; 16 or more, 128 by 16; 8 or
+  // more, 128 by 8; fewer, 32 by 8, the four warps of a block on a quarter of the input each (at
+  // 1-4 pairs per expert the wide blocks were 3-9 % slower: too few blocks; docs/measurements.md).
   if (pairs >= 32 * int64_t(experts)) return {true, 2, 4, true};
+  if (pairs >= 16 * int64_t(experts)) return {true, 2, 2, true};
   if (pairs >= 8 * int64_t(experts)) return {true, 2, 1, true};
   return {true, 2, 1, false};
 }
@@ -857,14 +859,15 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
   PARITY_DEVICE_REQUIRE(pairs <= int64_t(1) << 30, "launch_f32_moe_linear: ", pairs,
                         " (row, slot) pairs exceed the kernel's int32 pair index");
   const int mt = tiling.m_tiles, nt = tiling.n_tiles;
-  PARITY_DEVICE_REQUIRE((mt == 2 && nt == 1) || (mt == 2 && nt == 4),
+  PARITY_DEVICE_REQUIRE(mt == 2 && (nt == 1 || nt == 2 || nt == 4),
                         "launch_f32_moe_linear: tiles of ", mt, " x 16 rows by ", nt,
-                        " x 8 pairs are not built (2 x 1 and 2 x 4 are)");
+                        " x 8 pairs are not built (2 x 1, 2 x 2 and 2 x 4 are)");
   PARITY_DEVICE_REQUIRE(tiling.grouped || (nt == 1 && !tiling.wide),
                         "launch_f32_moe_linear: pair mode takes one pair per tile, 32 rows a "
                         "block");
   PARITY_DEVICE_REQUIRE(tiling.wide || nt == 1,
-                        "launch_f32_moe_linear: tiles of 32 pairs are wide (128 rows a block)");
+                        "launch_f32_moe_linear: tiles of 16 and 32 pairs are wide (128 rows a "
+                        "block)");
   const int64_t x_floats = moe_x_floats(batch, k, x_row_stride, x_slot_stride, w.in);
   PARITY_DEVICE_REQUIRE(ws.split.size() >= split_bf16x3_words(x_floats),
                         "launch_f32_moe_linear: the split workspace holds ", ws.split.size(),
@@ -897,6 +900,11 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
       launch_mma<true, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
     else
       launch_mma<false, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
+  } else if (nt == 2) {
+    if (act != nullptr)
+      launch_mma<true, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
+    else
+      launch_mma<false, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
   } else {
     if (act != nullptr)
       launch_mma<true, 2, 4>(a, np, routing, split, tiles_bound, true, stream);

@@ -1508,7 +1508,7 @@ TEST_F(DeviceKernels, Mxfp4PackingPlacesEveryByteWhereTheKernelReadsIt) {
 }
 
 // The MXFP4 expert linear's tilings against each other: pair mode (one pair per tile, pair
-// order), grouped by expert in blocks of 32 rows by 8 pairs, 128 by 8 and 128 by 32, and the
+// order), grouped by expert in blocks of 32 rows by 8 pairs, 128 by 8, 16 and 32, and the
 // entry point give the same bits for every output, including NaN for invalid expert indices (a
 // row's result does not depend on the step's other rows); the routing workspace equals a host
 // stable counting sort.
@@ -1625,7 +1625,7 @@ class MoeTilingCase {
       };
       for (const detail::MoeTiling tiling :
            {detail::MoeTiling{true, 2, 1, false}, detail::MoeTiling{true, 2, 1, true},
-            detail::MoeTiling{true, 2, 4, true}}) {
+            detail::MoeTiling{true, 2, 2, true}, detail::MoeTiling{true, 2, 4, true}}) {
         Output y(ny), a(na);
         detail::launch_f32_mxfp4w_moe_mma(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row,
                                           x_slot, y.ptr(), act(a), 1.702f, 7.0f, scratch.ws(),
@@ -1633,9 +1633,10 @@ class MoeTilingCase {
         EXPECT_EQ(scratch.routing(), want_routing(8 * tiling.n_tiles))
             << "routing workspace, tiles of " << 8 * tiling.n_tiles;
         same(y, a,
-             tiling.n_tiles == 4 ? "grouped 128 x 32"
-             : tiling.wide       ? "grouped 128 x 8"
-                                 : "grouped 32 x 8");
+             tiling.n_tiles == 4   ? "grouped 128 x 32"
+             : tiling.n_tiles == 2 ? "grouped 128 x 16"
+             : tiling.wide         ? "grouped 128 x 8"
+                                   : "grouped 32 x 8");
       }
       Output y_entry(ny), a_entry(na);
       launch_f32_moe_linear(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
