@@ -515,7 +515,7 @@ constexpr int kWideAhead = NT == 4 ? 2 : 1;
 
 // Wide tiles: four groups on 128 rows of one expert by 8 NT pairs, the pairs' split inputs shared
 // through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps as in
-// f32_mxfp4w_moe_mma. 32 pairs (NT = 4) for steps of about 32 pairs per expert and more
+// f32_mxfp4w_moe_mma. 32 pairs (NT = 4) for steps of about 64 pairs per expert and more
 // (prefill), 16 and 8 pairs from about 16 and 8 per expert (batched decode; moe_tiling).
 template <bool kSwiGLU, int NT>
 __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
@@ -788,7 +788,7 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
       return;
     }
   }
-  // Four warps on 128 rows of 8 NT pairs (32-pair tiles are always wide).
+  // Four warps on 128 rows of 8 NT pairs (16- and 32-pair tiles are always wide).
   const dim3 wide_grid(unsigned(ceil_div(a.out, kWideRows)), grid.y);
   f32_mxfp4w_moe_mma_wide<kSwiGLU, NT><<<wide_grid, kMmaThreads, 0, stream>>>(a, routing, split);
   HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma_wide", stream);
@@ -839,10 +839,12 @@ namespace detail {
 
 MoeTiling moe_tiling(int64_t pairs, int experts) {
   if (pairs <= kPairModeMaxPairs) return {false, 2, 1, false};
-  // About 32 pairs per expert or more: 128-row by 32-pair tiles; 16 or more, 128 by 16; 8 or
+  // About 64 pairs per expert or more: 128-row by 32-pair tiles; 16 or more, 128 by 16; 8 or
   // more, 128 by 8; fewer, 32 by 8, the four warps of a block on a quarter of the input each (at
-  // 1-4 pairs per expert the wide blocks were 3-9 % slower: too few blocks; docs/measurements.md).
-  if (pairs >= 32 * int64_t(experts)) return {true, 2, 4, true};
+  // 1-4 pairs per expert the wide blocks were 3-9 % slower: too few blocks; at 32 and 48 the
+  // 32-pair tiles, one block per SM and a second tile for every expert past 32, were 21 and 17 %
+  // slower than the 16-pair ones; docs/measurements.md).
+  if (pairs >= 64 * int64_t(experts)) return {true, 2, 4, true};
   if (pairs >= 16 * int64_t(experts)) return {true, 2, 2, true};
   if (pairs >= 8 * int64_t(experts)) return {true, 2, 1, true};
   return {true, 2, 1, false};
