@@ -582,7 +582,7 @@ void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const flo
     if (batch >= 32)
       launch_mma<2, 4>(a, sp, wide, stream);
     else
-      launch_mma<1, 1>(a, sp, wide, stream);
+      launch_mma<1, 1>(a, sp, false, stream);
     return;
   }
   dispatch_weight_type(segments[0].w.type, [&]<typename W>() {

@@ -78,17 +78,16 @@ struct MmaPartials {
 };
 
 // ---------------------------------------------------------------------------- wide tiles ---
-// The large tiles of prefill (f32_mxfp4w_moe_mma_wide, f32_bf16w_mma_wide): a block's four groups
-// take four 32-row slices (kWideRows rows) of the same 32 columns, each over the whole input,
-// instead of a quarter of the input of the same 32 rows each. The block loads a chunk (two blocks
-// of 32 inputs) of its columns' split inputs -- per chunk three times a group's weight bytes of
-// MXFP4, three quarters of BF16 -- once into shared memory and the four groups read it there,
-// where the quarter tiles loaded it once per group from L2 and again for every 32 rows of the
-// output. A group walks the input quarter by quarter (mma_quarter's chunks, in order), each
-// quarter on fresh accumulators, and adds the quarters as MmaPartials::sum does, (p0 + p1) +
-// (p2 + p3): every output element sees the same operations in every tiling.
+// The large tiles (f32_mxfp4w_moe_mma_wide, f32_bf16w_mma_wide: prefill, batched decode): a
+// block's four groups take four 32-row slices (kWideRows rows) of the same 8, 16 or 32 columns,
+// each over the whole input, instead of a quarter of the input of the same 32 rows each. The block
+// loads a chunk (two blocks of 32 inputs) of its columns' split inputs -- per chunk three times a
+// group's weight bytes of MXFP4, three quarters of BF16 -- once into shared memory and the four
+// groups read it there, where the quarter tiles loaded it once per group from L2 and again for
+// every 32 rows of the output. A group walks the input quarter by quarter (mma_quarter's chunks, in
+// order), each quarter on fresh accumulators, and adds the quarters as MmaPartials::sum does, (p0 +
+// p1) + (p2 + p3): every output element sees the same operations in every tiling.
 inline constexpr int kWideRows = 32 * kMmaGroups;
-inline constexpr int kWideCols = 32;  // prefill's tiles; the experts' grouped decode tiles take 8
 inline constexpr int kWideQuadsPerCol = 2 * kSplitQuadsPerBlock;  // a column's chunk, 16-byte units
 // Padded: the eight columns a group's lanes read at once fall in different banks.
 inline constexpr int kWideColStride = kWideQuadsPerCol + 1;
