@@ -13,6 +13,8 @@
 // Rows of one sequence (a prefill chunk) go in query tiles (QueryTiles): the scores and output
 // kernels of a tile read each key and value once for all of its rows and keep several sums per
 // thread in registers, each sum still the same chain of operations as the one-row kernels'.
+// Decode steps (every row its own tile, contexts up to 1,024 keys) run the three stages as one
+// kernel (f32_attention_decode) with the same chains and trees: the same bits.
 #include <algorithm>
 #include <climits>
 
@@ -245,6 +247,220 @@ __global__ void __launch_bounds__(kThreads)
     for (int s = 0; s < splits; ++s) acc += workspace[(int64_t(r) * max_splits + s) * n + t];
     out[int64_t(r) * n + t] = acc;
     if (out_split != nullptr) split_bf16x3_write1(acc, out_split, int64_t(r) * n + t);
+  }
+}
+
+// ------------------------------------------------------------- decode: the three in one ---
+// One kernel for the scores, the softmax and the output of rows that are each their own query
+// tile (decode), bitwise the three kernels above: grid (g / hb, nKV, B), block kThreads. A block
+// takes hb heads of one KV group of one row over its whole context; the heads' scores and then
+// probabilities stay in shared memory (and are written out as the stage kernels write them).
+// Keys and values go through shared memory a tile of kDecodeKeys at a time, the next tile's
+// loads in flight meanwhile (the first value tile's from the start). Scores: the sequential fmaf
+// chain of f32_attention_scores_gqa_sink. Softmax: per head as f32_softmax_with_sink's block of
+// kThreads threads computes it (thread t's strided partial maximum and sum, block_max's and
+// block_sum's trees; the hb heads' trees side by side). Output: thread (hh, i) sums
+// P[h][j] v_j[i] key by key as f32_attention_pv_gqa does, a fresh sum at
+// each split of `split_keys` keys (a multiple of 32: the value tiles start on multiples of 32,
+// so a split starts at a tile or its second half), the splits added in order from 0 as
+// f32_attention_pv_combine does when a row has several. A key outside [first visible, pos] has
+// probability 0 in shared memory and adds nothing, as the stage kernel does not visit it.
+constexpr int kDecodeKeys = 64;       // keys per shared-memory tile
+constexpr int kDecodeHalf = 32;       // split_keys is a multiple of it
+constexpr int kDecodeMaxHeads = 8;    // hb
+constexpr int kDecodeMinBlocks = 64;  // small batches halve hb down to this many blocks
+constexpr int kDecodeMaxPos = 1023;   // longer contexts: the stage kernels, split over blocks
+constexpr int kDecodeOutputs = 2;     // output elements per thread: hb d <= 2 kThreads
+constexpr int kDecodeBlocksPerSm = 3;  // the register budget's
+
+// Floats of a decode block's probabilities row: the keys of every value tile (multiples of 32).
+__host__ __device__ inline int decode_row_floats(int pos) {
+  return (pos / kDecodeHalf + 2) * kDecodeHalf;
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
+    f32_attention_decode(AttentionShape a, KvCacheView kv, int hb, int split_keys,
+                         const StepRow* __restrict__ rows, const float* __restrict__ q,
+                         const float* __restrict__ sinks, float* __restrict__ scores,
+                         float* __restrict__ probs, float* __restrict__ out,
+                         uint32_t* __restrict__ out_split) {
+  static_assert(kD % 4 == 0 && kDecodeMaxHeads * kD <= kDecodeOutputs * kThreads);
+  constexpr int kQuads = kD / 4, kLdk = kD + 4, kWarps = kThreads / kWarpSize;
+  constexpr int kLoads = (kDecodeKeys * kQuads + kThreads - 1) / kThreads;  // a tile, per thread
+  allow_next_grid_start();  // o_proj may load its weights meanwhile
+  extern __shared__ float4 smem4[];
+  __shared__ float red[kDecodeMaxHeads][kWarps];
+  __shared__ float head_max[kDecodeMaxHeads], head_sum[kDecodeMaxHeads];
+  const int r = int(blockIdx.z), kvh = int(blockIdx.y), g = a.n_heads / a.n_kv;
+  const int h0 = kvh * g + int(blockIdx.x) * hb;
+  const int t = int(threadIdx.x), lane = t % kWarpSize, warp = t / kWarpSize;
+  const int pos = rows[r].pos, cols = pos + 2, first = first_visible_key(pos, a.window);
+  const int ld = decode_row_floats(pos);
+  const int64_t row0 = rows[r].scores_offset + int64_t(h0) * cols;  // head h0, column 0
+  const int kv_dim = a.n_kv * kD;
+  const int32_t* table = row_table(kv, a, rows[r]);
+  const float* kvbase = kv.blocks + int64_t(kvh) * kD;
+  float* q_s = reinterpret_cast<float*>(smem4);  // [hb][kD]
+  float* t_s = q_s + hb * kD;  // a tile: keys [kDecodeKeys][kD + 4] or values [kDecodeKeys][kD]
+  float* s_s = t_s + kDecodeKeys * kLdk;  // scores, then probabilities [hb][ld]
+  // Tile loads: keys (slot 0) or values (1) j0 .. j0 + kDecodeKeys - 1 of [first, pos], zero
+  // elsewhere.
+  const auto load_tile = [&](float4(&buf)[kLoads], int slot, int j0) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int x = t + u * kThreads, jj = x / kQuads, c = x % kQuads, j = j0 + jj;
+      buf[u] = float4{0, 0, 0, 0};
+      if (jj < kDecodeKeys && j >= first && j <= pos)
+        buf[u] = *reinterpret_cast<const float4*>(
+            kvbase + kv_row_offset(kv, table, a.kv_slot, slot, j, kv_dim) + 4 * c);
+    }
+  };
+  const auto store_tile = [&](const float4(&buf)[kLoads], int ldt) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int x = t + u * kThreads, jj = x / kQuads, c = x % kQuads;
+      if (jj < kDecodeKeys) *reinterpret_cast<float4*>(t_s + jj * ldt + 4 * c) = buf[u];
+    }
+  };
+  const int v_start = first / kDecodeHalf * kDecodeHalf;
+  float4 kq[kLoads], vq[kLoads];
+  load_tile(kq, 0, first);
+  load_tile(vq, 1, v_start);  // in flight through the scores and the softmax
+  for (int x = t; x < hb * kQuads; x += kThreads)
+    reinterpret_cast<float4*>(q_s)[x] =
+        reinterpret_cast<const float4*>(q + (int64_t(r) * a.n_heads + h0) * kD)[x];
+  for (int x = t; x < hb; x += kThreads) {
+    s_s[x * ld + pos + 1] = scores[row0 + int64_t(x) * cols + pos + 1] = sinks[h0 + x];
+  }
+  for (int j = t; j < first; j += kThreads)  // outside the window
+    for (int hh = 0; hh < hb; ++hh)
+      s_s[hh * ld + j] = scores[row0 + int64_t(hh) * cols + j] = -INFINITY;
+  for (int j0 = first; j0 <= pos; j0 += kDecodeKeys) {  // block-uniform
+    store_tile(kq, kLdk);
+    __syncthreads();
+    if (j0 + kDecodeKeys <= pos) load_tile(kq, 0, j0 + kDecodeKeys);
+    for (int x = t; x < hb * kDecodeKeys; x += kThreads) {
+      const int hh = x / kDecodeKeys, jj = x % kDecodeKeys, j = j0 + jj;
+      if (j > pos) continue;
+      const float* qh = q_s + hh * kD;
+      const float* kj = t_s + jj * kLdk;
+      float acc = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kQuads; ++c) {
+        const float4 y = *reinterpret_cast<const float4*>(qh + 4 * c);
+        const float4 k4 = *reinterpret_cast<const float4*>(kj + 4 * c);
+        acc = fmaf(y.x, k4.x, acc);
+        acc = fmaf(y.y, k4.y, acc);
+        acc = fmaf(y.z, k4.z, acc);
+        acc = fmaf(y.w, k4.w, acc);
+      }
+      s_s[hh * ld + j] = scores[row0 + int64_t(hh) * cols + j] = acc * a.scale;
+    }
+    __syncthreads();  // the tile is read before the next one overwrites it
+  }
+  // Softmax over each head's cols scores.
+  float part[kDecodeMaxHeads];
+#pragma unroll
+  for (int hh = 0; hh < kDecodeMaxHeads; ++hh) {
+    part[hh] = -INFINITY;
+    if (hh < hb)
+      for (int j = t; j < cols; j += kThreads) part[hh] = fmaxf(part[hh], s_s[hh * ld + j]);
+    part[hh] = warp_max(part[hh]);
+    if (lane == 0) red[hh][warp] = part[hh];
+  }
+  __syncthreads();
+  for (int hh = warp; hh < hb; hh += kWarps) {
+    const float m = warp_max(lane < kWarps ? red[hh][lane] : -INFINITY);
+    if (lane == 0) head_max[hh] = m;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hh = 0; hh < kDecodeMaxHeads; ++hh) {
+    part[hh] = 0.0f;
+    if (hh < hb) {
+      const float m = head_max[hh];
+      for (int j = t; j < cols; j += kThreads) part[hh] += expf(s_s[hh * ld + j] - m);
+    }
+    part[hh] = warp_sum(part[hh]);
+    if (lane == 0) red[hh][warp] = part[hh];
+  }
+  __syncthreads();
+  for (int hh = warp; hh < hb; hh += kWarps) {
+    const float z = warp_sum(lane < kWarps ? red[hh][lane] : 0.0f);
+    if (lane == 0) head_sum[hh] = z;
+  }
+  __syncthreads();
+  // Probabilities; in shared memory 0 outside [first, pos] (the sink's column and the tiles'
+  // keys past pos included).
+  for (int hh = 0; hh < hb; ++hh) {
+    const float m = head_max[hh], z = head_sum[hh];
+    for (int j = t; j < ld; j += kThreads) {
+      float p = 0.0f;
+      if (j < cols) {
+        p = expf(s_s[hh * ld + j] - m) / z;
+        probs[row0 + int64_t(hh) * cols + j] = p;
+      }
+      s_s[hh * ld + j] = j >= first && j <= pos ? p : 0.0f;
+    }
+  }
+  // The output: thread (hh, i) -- up to kDecodeOutputs of them a thread --, value tiles from
+  // the one holding the first visible key, a fresh sum per split (splits wholly before the
+  // window add their zero sums first, as the combine does).
+  const int splits = (pos + split_keys) / split_keys;
+  float acc[kDecodeOutputs], total[kDecodeOutputs];
+  int p_at[kDecodeOutputs], v_at[kDecodeOutputs];
+#pragma unroll
+  for (int u = 0; u < kDecodeOutputs; ++u) {
+    const int o = t + u * kThreads;
+    acc[u] = total[u] = 0.0f;
+    p_at[u] = (o / kD) * ld;
+    v_at[u] = o % kD;
+  }
+  for (int s = 0; s < first / split_keys; ++s)
+#pragma unroll
+    for (int u = 0; u < kDecodeOutputs; ++u) total[u] += 0.0f;
+  int next_split = (first / split_keys + 1) * split_keys;
+  for (int j0 = v_start; j0 <= pos; j0 += kDecodeKeys) {  // block-uniform
+    __syncthreads();  // the previous tile (or the scores' last) is read; the probabilities written
+    store_tile(vq, kD);
+    __syncthreads();
+    if (j0 + kDecodeKeys <= pos) load_tile(vq, 1, j0 + kDecodeKeys);
+    // The tile's two halves of kDecodeHalf keys, each from a fresh sum where a split starts.
+    const auto half_tile = [&](int half) {
+      const int jh = j0 + half * kDecodeHalf;
+      if (jh == next_split) {
+#pragma unroll
+        for (int u = 0; u < kDecodeOutputs; ++u) total[u] += acc[u], acc[u] = 0.0f;
+        next_split += split_keys;
+      }
+#pragma unroll
+      for (int u = 0; u < kDecodeOutputs; ++u) {
+        if (t + u * kThreads < hb * kD) {
+          const float* pr = s_s + p_at[u] + jh;
+          const float* vr = t_s + half * kDecodeHalf * kD + v_at[u];
+#pragma unroll
+          for (int jj = 0; jj < kDecodeHalf; ++jj) {
+            const float p = pr[jj];  // as f32_attention_pv_gqa: a zero probability adds nothing
+            const float sum = fmaf(p, vr[jj * kD], acc[u]);
+            acc[u] = p != 0.0f ? sum : acc[u];
+          }
+        }
+      }
+    };
+    static_assert(kDecodeKeys == 2 * kDecodeHalf);
+    half_tile(0);
+    if (j0 + kDecodeHalf <= pos) half_tile(1);  // block-uniform
+  }
+#pragma unroll
+  for (int u = 0; u < kDecodeOutputs; ++u) {
+    const int o = t + u * kThreads;
+    if (o < hb * kD) {
+      const float v = splits == 1 ? acc[u] : total[u] + acc[u];
+      const int64_t f = (int64_t(r) * a.n_heads + h0) * kD + o;
+      out[f] = v;
+      if (out_split != nullptr) split_bf16x3_write1(v, out_split, f);
+    }
   }
 }
 
@@ -540,7 +756,75 @@ void pv_rows(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows
   HIP_LAUNCH_CHECK("f32_attention_pv_gqa", stream);
 }
 
+// Heads per block of the decode kernel: all g, halved while a small batch has too few blocks
+// (each block reads its KV head's keys and values).
+int decode_heads_per_block(const AttentionShape& a, int batch) {
+  const int g = a.n_heads / a.n_kv;
+  int hb = g;
+  while (hb % 2 == 0 && int64_t(batch) * a.n_kv * (g / hb) < kDecodeMinBlocks) hb /= 2;
+  return hb;
+}
+
 }  // namespace
+
+namespace {
+size_t decode_smem(const AttentionShape& a, int hb, int max_pos) {
+  return size_t(hb) * size_t(a.head_dim + decode_row_floats(max_pos)) * sizeof(float) +
+         size_t(kDecodeKeys) * size_t(a.head_dim + 4) * sizeof(float);
+}
+}  // namespace
+
+bool attention_decode_fuses(const AttentionShape& a, int batch, int max_pos,
+                            const QueryTiles& tiles) {
+  const int g = a.n_heads / a.n_kv;
+  return (tiles.first == nullptr || tiles.count == batch) && max_pos <= kDecodeMaxPos &&
+         (a.head_dim == 16 || a.head_dim == 32 || a.head_dim == 64) && g <= kDecodeMaxHeads &&
+         attention_split_keys(a.max_context) % kDecodeHalf == 0 &&
+         decode_smem(a, decode_heads_per_block(a, batch), max_pos) <= 48 * 1024;
+}
+
+void launch_f32_attention_decode(const AttentionShape& a, const KvCacheView& kv,
+                                 const StepRow* rows, int batch, int max_pos, const float* q,
+                                 const float* sinks, float* scores, float* probs, float* out,
+                                 std::span<uint32_t> out_split, hipStream_t stream) {
+  check_shape(a, "launch_f32_attention_decode");
+  check_kv(a, kv, "launch_f32_attention_decode");
+  PARITY_DEVICE_REQUIRE(rows != nullptr && q != nullptr && sinks != nullptr && scores != nullptr &&
+                            probs != nullptr && out != nullptr && batch > 0,
+                        "launch_f32_attention_decode: null pointer or empty batch");
+  PARITY_DEVICE_REQUIRE(max_pos >= 0 && max_pos < a.max_context,
+                        "launch_f32_attention_decode: position ", max_pos,
+                        " outside the cache of ", a.max_context);
+  PARITY_DEVICE_REQUIRE(attention_decode_fuses(a, batch, max_pos, {}) &&
+                            reinterpret_cast<uintptr_t>(q) % 16 == 0,
+                        "launch_f32_attention_decode: ", a.n_heads / a.n_kv,
+                        " heads per KV head of dimension ", a.head_dim, " up to position ",
+                        max_pos, " (at most 8 heads of 16, 32 or 64 up to position ",
+                        kDecodeMaxPos, " in 48 KiB; q 16-byte aligned)");
+  if (!out_split.empty())
+    PARITY_DEVICE_REQUIRE(attention_out_writes_split(a) &&
+                              out_split.size() >= split_bf16x3_words(int64_t(batch) * a.n_heads *
+                                                                     a.head_dim),
+                          "launch_f32_attention_decode: the output's split needs nH d (",
+                          a.n_heads, " x ", a.head_dim, ") a multiple of 32 and ",
+                          split_bf16x3_words(int64_t(batch) * a.n_heads * a.head_dim),
+                          " words; the scratch holds ", out_split.size());
+  const int g = a.n_heads / a.n_kv, hb = decode_heads_per_block(a, batch);
+  const size_t smem = decode_smem(a, hb, max_pos);
+  const dim3 grid(unsigned(g / hb), unsigned(a.n_kv), unsigned(batch));
+  const auto launch = [&]<int kD>() {
+    f32_attention_decode<kD><<<grid, kThreads, smem, stream>>>(
+        a, kv, hb, attention_split_keys(a.max_context), rows, q, sinks, scores, probs, out,
+        out_split.empty() ? nullptr : out_split.data());
+  };
+  if (a.head_dim == 16)
+    launch.template operator()<16>();
+  else if (a.head_dim == 32)
+    launch.template operator()<32>();
+  else
+    launch.template operator()<64>();
+  HIP_LAUNCH_CHECK("f32_attention_decode", stream);
+}
 
 void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
                                 int batch, const float* k, const float* v, hipStream_t stream) {

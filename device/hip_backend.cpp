@@ -109,6 +109,10 @@ void HipBackend::run(Stage s, int layer) {
     switch (s) {
       case Stage::scores:
         return overwritten_.test(size_t(Stage::k_rope)) || overwritten_.test(size_t(Stage::v));
+      case Stage::att:  // the decode attention kernel wrote att and attn_out with the scores
+        return overwritten_.test(size_t(Stage::scores));
+      case Stage::attn_out:
+        return overwritten_.test(size_t(Stage::scores)) || overwritten_.test(size_t(Stage::att));
       case Stage::resid_attn:
         return overwritten_.test(size_t(Stage::o_proj));
       case Stage::topk_idx:

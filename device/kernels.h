@@ -158,6 +158,20 @@ void launch_f32_attention_pv(const AttentionShape& a, const KvCacheView& kv, con
                              float* out, std::span<uint32_t> out_split, hipStream_t stream,
                              const QueryTiles& tiles = {});
 
+// scores, softmax and output in one kernel for steps whose rows are each their own query tile
+// (decode): scores, probs, out and out's split as launch_f32_attention_scores,
+// launch_f32_softmax_with_sink and launch_f32_attention_pv write them, bit for bit (the same
+// chains and trees; no split workspace). attention_decode_fuses says where it applies (every row
+// its own tile; head_dim 16, 32 or 64; at most 8 heads per KV head; positions up to 1,023, a
+// block's scores within 48 KiB of shared memory). A stage launched again on overwritten inputs
+// (replay, fault injection) runs its own kernel.
+bool attention_decode_fuses(const AttentionShape& a, int batch, int max_pos,
+                            const QueryTiles& tiles);
+void launch_f32_attention_decode(const AttentionShape& a, const KvCacheView& kv,
+                                 const StepRow* rows, int batch, int max_pos, const float* q,
+                                 const float* sinks, float* scores, float* probs, float* out,
+                                 std::span<uint32_t> out_split, hipStream_t stream);
+
 // router: top-k of the logits g (B, E) (descending; ties: lowest expert index), then
 // w = softmax(g[idx]) over the k selected only. With select = false, idx is read (it was
 // overwritten) and only w is recomputed.

@@ -104,16 +104,30 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
       // q_rope's kernel appended k_rope and v; again only when they were overwritten since.
       if (recompute)
         launch_f32_kv_cache_append(a, kv, rows, B, out(Stage::k_rope), out(Stage::v), st);
+      if (attention_decode_fuses(a, B, max_pos, rt.step().device_query_tiles())) {
+        // Decode: also the att and attn_out stages (and o_proj's split of attn_out).
+        const bool split = attention_out_writes_split(a);
+        launch_f32_attention_decode(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
+                                    arena.scores(), arena.att(), out(Stage::attn_out),
+                                    split ? arena.split_of(Stage::attn_out) : std::span<uint32_t>{},
+                                    st);
+        if (split) rt.set_split_source(Stage::attn_out, layer);
+        break;
+      }
       launch_f32_attention_scores(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
                                   arena.scores(), st, rt.step().device_query_tiles());
       break;
     }
-    case Stage::att:
-      launch_f32_softmax_with_sink(c.num_attention_heads, rows, B, arena.scores(), arena.att(),
-                                   st);
+    case Stage::att:  // the scores stage's kernel wrote it at decode, unless scores was overwritten
+      if (recompute || !attention_decode_fuses(rt.attention_shape(layer), B, max_pos,
+                                               rt.step().device_query_tiles()))
+        launch_f32_softmax_with_sink(c.num_attention_heads, rows, B, arena.scores(), arena.att(),
+                                     st);
       break;
     case Stage::attn_out: {  // also o_proj's split of its output
       const AttentionShape a = rt.attention_shape(layer);
+      if (!recompute && attention_decode_fuses(a, B, max_pos, rt.step().device_query_tiles()))
+        break;  // written by the scores stage's kernel
       const bool split = attention_out_writes_split(a);
       launch_f32_attention_pv(a, rt.kv_view(), rows, B, max_pos, arena.att(), arena.workspace(),
                               out(s), split ? arena.split_of(s) : std::span<uint32_t>{}, st,

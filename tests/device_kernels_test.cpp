@@ -817,10 +817,16 @@ class AttentionCase {
     tiled_ = on;
     return *this;
   }
+  // Whether the decode kernel computes all three stages (launch_f32_attention_decode).
+  AttentionCase& fused(bool on) {
+    fused_ = on;
+    return *this;
+  }
   std::string describe() const {
     return fmt::format(
-        "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={} tiled={}",
-        heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_);
+        "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={} tiled={} "
+        "fused={}",
+        heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_, fused_);
   }
   struct Result {
     std::vector<float> scores, probs, out;
@@ -912,13 +918,18 @@ class AttentionCase {
     const QueryTiles tiles =
         tiled_ ? QueryTiles{dtiles.as<int32_t>(), int(tile_first.size()) - 1} : QueryTiles{};
     launch_f32_kv_cache_append(a, kv, dr, B, dk.as<float>(), dv.as<float>(), nullptr);
-    launch_f32_attention_scores(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
-                                scores.ptr(), nullptr, tiles);
-    launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
     const bool split = split_ && attention_out_writes_split(a);
     const SplitScratch out_split(split ? int64_t(B) * heads_ * d_ : 0);
-    launch_f32_attention_pv(a, kv, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(),
-                            out_split.span(), nullptr, tiles);
+    if (fused_) {
+      launch_f32_attention_decode(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
+                                  scores.ptr(), probs.ptr(), out.ptr(), out_split.span(), nullptr);
+    } else {
+      launch_f32_attention_scores(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
+                                  scores.ptr(), nullptr, tiles);
+      launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
+      launch_f32_attention_pv(a, kv, dr, B, max_pos, probs.ptr(), ws.as<float>(), out.ptr(),
+                              out_split.span(), nullptr, tiles);
+    }
     if (split)
       expect_split_of(out, int64_t(B) * heads_ * d_, out_split, "the attention output's split");
 
@@ -980,7 +991,7 @@ class AttentionCase {
 
  private:
   int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
-  bool split_ = true, tiled_ = false;
+  bool split_ = true, tiled_ = false, fused_ = false;
 };
 
 TEST_F(DeviceKernels, AttentionPositionZero) {
@@ -1028,6 +1039,62 @@ TEST_F(DeviceKernels, AttentionPagedBlockSizesGiveTheSameBits) {
       EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
     }
   }
+}
+
+TEST_F(DeviceKernels, AttentionDecodeKernelGivesTheStageKernelsBits) {
+  // The decode kernel (scores, softmax and output in one) against the three stage kernels, bit
+  // for bit, and both against the reference: position 0, the window's edges, 256..258 keys (one
+  // and two output splits), 700 keys with the window (splits wholly before it add their zeros
+  // first) and without, 1,001 and 1,024 keys (four splits, four or five columns per softmax
+  // thread), group sizes 1, 2 and 8 with 1 to 8 heads a block (one row: 64 blocks; 20 rows: all
+  // 8), several sequences.
+  struct Shape {
+    int heads, kv, d, window, pos, rows, seqs;
+  };
+  for (const Shape& s : std::initializer_list<Shape>{{4, 2, 16, 0, 0, 1, 1},
+                                                     {4, 2, 16, 8, 0, 1, 1},
+                                                     {4, 2, 16, 8, 7, 1, 3},
+                                                     {4, 2, 16, 8, 9, 1, 2},
+                                                     {4, 4, 16, 0, 12, 1, 1},
+                                                     {8, 2, 32, 0, 255, 3, 1},
+                                                     {8, 1, 64, 128, 700, 2, 1},
+                                                     {8, 1, 64, 0, 700, 1, 2},
+                                                     {4, 2, 16, 0, 1000, 1, 1},
+                                                     {64, 8, 64, 0, 1023, 1, 1},
+                                                     {64, 8, 64, 128, 130, 1, 1},
+                                                     {64, 8, 64, 0, 300, 1, 1},
+                                                     {64, 8, 64, 128, 300, 1, 20},
+                                                     {64, 8, 64, 0, 40, 1, 3}}) {
+    const auto one = AttentionCase()
+                         .heads(s.heads)
+                         .kv(s.kv)
+                         .dim(s.d)
+                         .window(s.window)
+                         .pos(s.pos)
+                         .rows(s.rows)
+                         .seqs(s.seqs);
+    auto stages = one, fused = one;
+    const auto want = stages.run();
+    const auto got = fused.fused(true).run();
+    SCOPED_TRACE(fused.describe());
+    ASSERT_EQ(got.scores.size(), want.scores.size());
+    EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
+  }
+  // Where it does not apply: rows sharing a query tile, contexts past 1,024 keys, head sizes it
+  // is not built for.
+  AttentionShape a;
+  a.n_heads = 64;
+  a.n_kv = 8;
+  a.head_dim = 64;
+  a.max_context = 4096;
+  EXPECT_TRUE(attention_decode_fuses(a, 1, 1023, {}));
+  EXPECT_FALSE(attention_decode_fuses(a, 1, 1024, {}));
+  int32_t fake = 0;
+  EXPECT_FALSE(attention_decode_fuses(a, 4, 10, QueryTiles{&fake, 2}));
+  a.head_dim = 48;
+  EXPECT_FALSE(attention_decode_fuses(a, 1, 10, {}));
 }
 
 TEST_F(DeviceKernels, AttentionQueryTilesGiveTheOneRowBits) {
