@@ -265,12 +265,12 @@ __global__ void __launch_bounds__(kThreads)
 // so a split starts at a tile or its second half), the splits added in order from 0 as
 // f32_attention_pv_combine does when a row has several. A key outside [first visible, pos] has
 // probability 0 in shared memory and adds nothing, as the stage kernel does not visit it.
-constexpr int kDecodeKeys = 64;       // keys per shared-memory tile
-constexpr int kDecodeHalf = 32;       // split_keys is a multiple of it
-constexpr int kDecodeMaxHeads = 8;    // hb
-constexpr int kDecodeMinBlocks = 64;  // small batches halve hb down to this many blocks
-constexpr int kDecodeMaxPos = 1023;   // longer contexts: the stage kernels, split over blocks
-constexpr int kDecodeOutputs = 2;     // output elements per thread: hb d <= 2 kThreads
+constexpr int kDecodeKeys = 64;        // keys per shared-memory tile
+constexpr int kDecodeHalf = 32;        // split_keys is a multiple of it
+constexpr int kDecodeMaxHeads = 8;     // hb
+constexpr int kDecodeMinBlocks = 256;  // batches under 32 halve hb down to this many blocks
+constexpr int kDecodeMaxPos = 1023;    // longer contexts: the stage kernels, split over blocks
+constexpr int kDecodeOutputs = 2;      // output elements per thread: hb d <= 2 kThreads
 constexpr int kDecodeBlocksPerSm = 3;  // the register budget's
 
 // Floats of a decode block's probabilities row: the keys of every value tile (multiples of 32).

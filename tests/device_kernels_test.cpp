@@ -1046,8 +1046,8 @@ TEST_F(DeviceKernels, AttentionDecodeKernelGivesTheStageKernelsBits) {
   // for bit, and both against the reference: position 0, the window's edges, 256..258 keys (one
   // and two output splits), 700 keys with the window (splits wholly before it add their zeros
   // first) and without, 1,001 and 1,024 keys (four splits, four or five columns per softmax
-  // thread), group sizes 1, 2 and 8 with 1 to 8 heads a block (one row: 64 blocks; 20 rows: all
-  // 8), several sequences.
+  // thread), group sizes 1, 2 and 8 with 1 to 8 heads a block (one row: 1, 64 blocks; 20 rows:
+  // 4; 32 rows: all 8), several sequences.
   struct Shape {
     int heads, kv, d, window, pos, rows, seqs;
   };
@@ -1064,7 +1064,8 @@ TEST_F(DeviceKernels, AttentionDecodeKernelGivesTheStageKernelsBits) {
                                                      {64, 8, 64, 128, 130, 1, 1},
                                                      {64, 8, 64, 0, 300, 1, 1},
                                                      {64, 8, 64, 128, 300, 1, 20},
-                                                     {64, 8, 64, 0, 40, 1, 3}}) {
+                                                     {64, 8, 64, 0, 40, 1, 3},
+                                                     {64, 8, 64, 0, 40, 1, 32}}) {
     const auto one = AttentionCase()
                          .heads(s.heads)
                          .kv(s.kv)
