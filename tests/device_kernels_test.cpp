@@ -994,6 +994,27 @@ class AttentionCase {
   bool split_ = true, tiled_ = false, fused_ = false;
 };
 
+// A case's shape as the tests list them, and its AttentionCase.
+struct AttentionCaseShape {
+  int heads, kv, d, window, pos, rows, seqs;
+};
+AttentionCase attention_case(const AttentionCaseShape& s) {
+  return AttentionCase()
+      .heads(s.heads)
+      .kv(s.kv)
+      .dim(s.d)
+      .window(s.window)
+      .pos(s.pos)
+      .rows(s.rows)
+      .seqs(s.seqs);
+}
+// Every score, probability and output bit of `got` as `want`'s.
+void expect_same_bits(const AttentionCase::Result& got, const AttentionCase::Result& want) {
+  EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
+}
+
 TEST_F(DeviceKernels, AttentionPositionZero) {
   AttentionCase().pos(0).run();
   AttentionCase().pos(0).window(8).run();
@@ -1034,9 +1055,7 @@ TEST_F(DeviceKernels, AttentionPagedBlockSizesGiveTheSameBits) {
       auto c = one;
       const auto got = c.block(b).split(b != 4).run();  // with and without the output's split
       SCOPED_TRACE(c.describe());
-      EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
-      EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
-      EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
+      expect_same_bits(got, want);
     }
   }
 }
@@ -1048,40 +1067,29 @@ TEST_F(DeviceKernels, AttentionDecodeKernelGivesTheStageKernelsBits) {
   // first) and without, 1,001 and 1,024 keys (four splits, four or five columns per softmax
   // thread), group sizes 1, 2 and 8 with 1 to 8 heads a block (one row: 1, 64 blocks; 20 rows:
   // 4; 32 rows: all 8), several sequences.
-  struct Shape {
-    int heads, kv, d, window, pos, rows, seqs;
-  };
-  for (const Shape& s : std::initializer_list<Shape>{{4, 2, 16, 0, 0, 1, 1},
-                                                     {4, 2, 16, 8, 0, 1, 1},
-                                                     {4, 2, 16, 8, 7, 1, 3},
-                                                     {4, 2, 16, 8, 9, 1, 2},
-                                                     {4, 4, 16, 0, 12, 1, 1},
-                                                     {8, 2, 32, 0, 255, 3, 1},
-                                                     {8, 1, 64, 128, 700, 2, 1},
-                                                     {8, 1, 64, 0, 700, 1, 2},
-                                                     {4, 2, 16, 0, 1000, 1, 1},
-                                                     {64, 8, 64, 0, 1023, 1, 1},
-                                                     {64, 8, 64, 128, 130, 1, 1},
-                                                     {64, 8, 64, 0, 300, 1, 1},
-                                                     {64, 8, 64, 128, 300, 1, 20},
-                                                     {64, 8, 64, 0, 40, 1, 3},
-                                                     {64, 8, 64, 0, 40, 1, 32}}) {
-    const auto one = AttentionCase()
-                         .heads(s.heads)
-                         .kv(s.kv)
-                         .dim(s.d)
-                         .window(s.window)
-                         .pos(s.pos)
-                         .rows(s.rows)
-                         .seqs(s.seqs);
+  for (const AttentionCaseShape& s :
+       std::initializer_list<AttentionCaseShape>{{4, 2, 16, 0, 0, 1, 1},
+                                                 {4, 2, 16, 8, 0, 1, 1},
+                                                 {4, 2, 16, 8, 7, 1, 3},
+                                                 {4, 2, 16, 8, 9, 1, 2},
+                                                 {4, 4, 16, 0, 12, 1, 1},
+                                                 {8, 2, 32, 0, 255, 3, 1},
+                                                 {8, 1, 64, 128, 700, 2, 1},
+                                                 {8, 1, 64, 0, 700, 1, 2},
+                                                 {4, 2, 16, 0, 1000, 1, 1},
+                                                 {64, 8, 64, 0, 1023, 1, 1},
+                                                 {64, 8, 64, 128, 130, 1, 1},
+                                                 {64, 8, 64, 0, 300, 1, 1},
+                                                 {64, 8, 64, 128, 300, 1, 20},
+                                                 {64, 8, 64, 0, 40, 1, 3},
+                                                 {64, 8, 64, 0, 40, 1, 32}}) {
+    const auto one = attention_case(s);
     auto stages = one, fused = one;
     const auto want = stages.run();
     const auto got = fused.fused(true).run();
     SCOPED_TRACE(fused.describe());
     ASSERT_EQ(got.scores.size(), want.scores.size());
-    EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
-    EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
-    EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
+    expect_same_bits(got, want);
   }
   // Where it does not apply: rows sharing a query tile, contexts past 1,024 keys, head sizes it
   // is not built for.
@@ -1105,36 +1113,25 @@ TEST_F(DeviceKernels, AttentionQueryTilesGiveTheOneRowBits) {
   // rows on both sides of an output split (keys 251..261 around 256), across the sliding window
   // and past it, two sequences, group sizes 1, 2 and 8, the real shape at a long position, and
   // decode steps of many sequences (one row each: the tiled scores, the one-row output).
-  struct Shape {
-    int heads, kv, d, window, pos, rows, seqs;
-  };
-  for (const Shape& s : std::initializer_list<Shape>{{4, 2, 16, 8, 0, 20, 1},
-                                                     {4, 4, 16, 0, 12, 3, 1},
-                                                     {8, 2, 32, 0, 250, 11, 1},
-                                                     {8, 1, 64, 128, 690, 13, 1},
-                                                     {4, 2, 16, 8, 10, 9, 2},
-                                                     {64, 8, 64, 128, 300, 17, 1},
-                                                     {64, 8, 64, 0, 300, 17, 1},
-                                                     // decode: 20 rows of a tile each
-                                                     {64, 8, 64, 128, 300, 1, 20},
-                                                     {4, 2, 16, 8, 10, 1, 17}}) {
-    const auto one = AttentionCase()
-                         .heads(s.heads)
-                         .kv(s.kv)
-                         .dim(s.d)
-                         .window(s.window)
-                         .pos(s.pos)
-                         .rows(s.rows)
-                         .seqs(s.seqs);
+  for (const AttentionCaseShape& s :
+       std::initializer_list<AttentionCaseShape>{{4, 2, 16, 8, 0, 20, 1},
+                                                 {4, 4, 16, 0, 12, 3, 1},
+                                                 {8, 2, 32, 0, 250, 11, 1},
+                                                 {8, 1, 64, 128, 690, 13, 1},
+                                                 {4, 2, 16, 8, 10, 9, 2},
+                                                 {64, 8, 64, 128, 300, 17, 1},
+                                                 {64, 8, 64, 0, 300, 17, 1},
+                                                 // decode: 20 rows of a tile each
+                                                 {64, 8, 64, 128, 300, 1, 20},
+                                                 {4, 2, 16, 8, 10, 1, 17}}) {
+    const auto one = attention_case(s);
     auto rows = one;
     const auto want = rows.run();
     auto tiled = one;
     tiled.tiled(true);
     const auto got = tiled.run();
     SCOPED_TRACE(tiled.describe());
-    EXPECT_EQ(std::memcmp(got.scores.data(), want.scores.data(), want.scores.size() * 4), 0);
-    EXPECT_EQ(std::memcmp(got.probs.data(), want.probs.data(), want.probs.size() * 4), 0);
-    EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0);
+    expect_same_bits(got, want);
   }
 }
 
