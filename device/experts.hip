@@ -291,8 +291,10 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_pairs_by_expert(
 // ahead; the decoded pairs are its A fragments for the block's two k steps
 // (k step 0: codes 8t+{0,4} and 8t+{1,5}, step 1: 8t+{2,6} and 8t+{3,7}); its B fragments are
 // the matching split inputs of column g of each 8-pair tile (one 16-byte load per part); each
-// block of 32 inputs goes through mma_block (device/mma_tiles.h: its own tile, then one float32
-// add). Every output element sees the same sequence of operations whatever MT, NT and the
+// block of 32 inputs goes through mma_block (device/mma_tiles.h: a fresh tile per part, the parts
+// added, then one float32 add), in pair mode through mma_block_parts_as_columns (the pair's three
+// parts as the tile's columns: one load per lane, two MMA steps instead of six, the same bits).
+// Every output element sees the same sequence of operations whatever MT, NT and the
 // tile's other pairs are: a row's result does not depend on the batch.
 template <bool kSwiGLU, bool kGrouped, int MT, int NT>
 __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
@@ -311,6 +313,11 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
   const Mxfp4Packing pk(a.out, a.in);
   const RoutingView<const int32_t> rv = routing_view(routing, a.experts);
   const int tiles = kGrouped ? rv.tile_start[a.experts + 1] : pairs;
+  // Pair mode (one pair a tile) puts the split inputs' three parts in the tile's columns
+  // (mma_block_parts_as_columns): each lane loads one part, one MMA chain computes all three.
+  constexpr bool kPartsAsColumns = !kGrouped;
+  static_assert(kGrouped || NT == 1, "pair mode takes one pair a tile");
+  constexpr int kParts = kPartsAsColumns ? 1 : 3;
   for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
     int bucket, first, np;
     if constexpr (kGrouped) {
@@ -344,14 +351,16 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     // tile's pairs reads its first pair: their results are never written, and a row's and a
     // column's results depend on nothing else. The loads walk pointers forward a chunk at a time
     // (no per-load address arithmetic).
-    // B: column 8 j + g's split inputs (uint4 units: 12 per block), lane t's 16 bytes.
+    // B: column 8 j + g's split inputs (uint4 units: 12 per block), lane t's 16 bytes; in pair mode
+    // part mma_part_column(g) of the pair's.
     const uint4* bp[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const int n = 8 * j + g < np ? 8 * j + g : 0;
       const int p = pair_at(n), r = p / k, slot = p % k;
       const int64_t v = int64_t(r) * x_row_stride + int64_t(slot) * x_slot_stride;
-      bp[j] = split + (v / 32 + 2 * c_begin) * 12 + t;
+      bp[j] =
+          split + (v / 32 + 2 * c_begin) * 12 + t + (kPartsAsColumns ? 4 * mma_part_column(g) : 0);
     }
     // A: the lane's 16 bytes of each chunk of row tiles j0 / 16 + m (Mxfp4Packing: words t of
     // rows g and g + 8, blocks 2c and 2c + 1) and its 4 scale bytes (the same rows and blocks).
@@ -382,7 +391,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     constexpr int kSlotsB = kPrefetchB && !kCopyRing ? 2 : 1;
     uint4 wq[kSlots][MT];
     uint32_t sq[kSlots][MT];
-    uint4 bq[kSlotsB][2][3][NT];
+    uint4 bq[kSlotsB][2][kParts][NT];
     int next = c_begin;  // the chunk the next load() reads
     const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
       const bool live = next < c_end;
@@ -398,12 +407,12 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
       ++next;
     };
     // B of chunk c, then the pointers move on to chunk c + 1.
-    const auto load_b = [&](int c, uint4(&bx)[2][3][NT]) {
+    const auto load_b = [&](int c, uint4(&bx)[2][kParts][NT]) {
       const bool live = c < c_end, live1 = live && 2 * c + 1 < groups;
 #pragma unroll
       for (int b = 0; b < 2; ++b)
 #pragma unroll
-        for (int q = 0; q < 3; ++q)
+        for (int q = 0; q < kParts; ++q)
 #pragma unroll
           for (int j = 0; j < NT; ++j)
             if (b == 0 ? live : live1) bx[b][q][j] = bp[j][12 * b + 4 * q];
@@ -427,7 +436,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
         constexpr int u = decltype(u_)::value;
         const int c = c0 + u;
         if (c >= c_end) return;
-        uint4 wc[MT], bc[2][3][NT];  // copies of chunk c (copy ring), or B where used
+        uint4 wc[MT], bc[2][kParts][NT];  // copies of chunk c (copy ring), or B where used
         uint32_t sc[MT];
         if constexpr (kCopyRing) {
 #pragma unroll
@@ -443,25 +452,28 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
 #pragma unroll
             for (int b = 0; b < 2; ++b)
 #pragma unroll
-              for (int q = 0; q < 3; ++q)
+              for (int q = 0; q < kParts; ++q)
 #pragma unroll
                 for (int j = 0; j < NT; ++j) bc[b][q][j] = bq[0][b][q][j];
           }
           load_b(c + 1, bq[(u + 1) % kSlotsB]);
         }
-        uint4(&bx)[2][3][NT] = kSlotsB == 2 ? bq[u % kSlotsB] : bc;
+        uint4(&bx)[2][kParts][NT] = kSlotsB == 2 ? bq[u % kSlotsB] : bc;
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
           if (2 * c + b >= groups) return;  // group-uniform
           if constexpr (!kPrefetchB) {
 #pragma unroll
-            for (int q = 0; q < 3; ++q)
+            for (int q = 0; q < kParts; ++q)
 #pragma unroll
               for (int j = 0; j < NT; ++j) bx[b][q][j] = bp[j][12 * b + 4 * q];
           }
           uint32_t ar[MT][2][4];
           mxfp4_chunk_block<b>(w, s, small_scales, ar);
-          mma_block(acc, ar, bx[b]);
+          if constexpr (kPartsAsColumns)
+            mma_block_parts_as_columns(acc, ar, bx[b][0][0]);
+          else
+            mma_block(acc, ar, bx[b]);
         });
         if constexpr (!kPrefetchB) {
 #pragma unroll
@@ -504,12 +516,15 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
 }
 
 // The wide tiles' blocks per SM the register budget is cut for, and the chunks of weights each
-// lane keeps in flight beyond the one in use: the 8-pair tiles were fastest at five blocks and one
-// chunk (96 registers; at four blocks and two chunks mlp2 took 9 % longer at batch 64), the
-// 16-pair tiles four and one (128 registers; at three blocks mlp1 took 4 % longer at batch
-// 128), the 32-pair tiles one and two (docs/measurements.md).
+// lane keeps in flight beyond the one in use: the 8-pair tiles four blocks and one chunk (128
+// registers; at five blocks, 96 registers, the three parts' separate chains spill 108 bytes, and
+// batch 64 took 1 % longer; at four blocks and two chunks mlp2 took 9 % longer), the 16-pair tiles
+// four and one (128 registers, spilling; at three blocks, 168 registers, batch 128 and 256 took 2
+// % longer), the 32-pair tiles one and two (docs/measurements.md).
 template <int NT>
-constexpr int kWideMoeBlocksPerSm = NT == 1 ? 5 : NT == 2 ? 4 : 1;
+constexpr int kWideMoeBlocksPerSm = NT == 1   ? 4
+                                    : NT == 2 ? 4
+                                              : 1;
 template <int NT>
 constexpr int kWideAhead = NT == 4 ? 2 : 1;
 

@@ -144,11 +144,14 @@ __device__ __forceinline__ void bf16_block_pairs(const uint4 (&w)[MT][2][2], int
 // tile's inputs (launch_mma picks; docs/measurements.md). A block walks the batch tiles along its
 // axis, + the grid's size there. Loads need no predicates: a row past the last reads the last row,
 // a batch row past the batch reads the first of the tile (their results are never written, and a
-// row's and a batch row's results depend on nothing else).
-template <int MT, int NT, bool kTilesAlongX>
+// row's and a batch row's results depend on nothing else). kPartsAsColumns (batch 1): the split
+// inputs' three parts in the tile's columns (mma_block_parts_as_columns), each lane loading one.
+template <int MT, int NT, bool kTilesAlongX, bool kPartsAsColumns = false>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     f32_bf16w_mma(const MmaArgs a, const uint4* split) {
   constexpr int kRows = 16 * MT, kCols = 8 * NT;
+  static_assert(!kPartsAsColumns || NT == 1, "the parts as columns take one batch row");
+  constexpr int kParts = kPartsAsColumns ? 1 : 3;
   // Chunks of weights (and split inputs) in flight per group beyond the one in use: the small
   // tiles are latency-bound (few warps per SM); two measured best at batch 1 (one and three,
   // which spills, slower: docs/measurements.md); the large tiles' registers are full.
@@ -181,7 +184,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
 #pragma unroll
     for (int jt = 0; jt < NT; ++jt) {
       const int n = 8 * jt + g < nb ? 8 * jt + g : 0;
-      bp[jt] = split + (int64_t(b0 + n) * (a.ldx / 32) + 2 * c_begin) * 12 + t;
+      bp[jt] = split + (int64_t(b0 + n) * (a.ldx / 32) + 2 * c_begin) * 12 + t +
+               (kPartsAsColumns ? 4 * mma_part_column(g) : 0);
     }
     const uint4* ap[MT][2];
 #pragma unroll
@@ -201,7 +205,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     // full) load B where it is used.
     constexpr bool kPrefetchB = NT == 1;
     uint4 wq[kDepth][MT][2][2];
-    uint4 bq[kPrefetchB ? kDepth : 1][2][3][NT];
+    uint4 bq[kPrefetchB ? kDepth : 1][2][kParts][NT];
     int next_a = c_begin, next_b = c_begin;  // the chunks the next loads of A and B read
     const auto load_a = [&](uint4(&w)[MT][2][2]) {
       const bool live = next_a < c_end, live1 = live && 2 * next_a + 1 < groups;
@@ -217,13 +221,13 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
         }
       ++next_a;
     };
-    const auto load_b = [&](uint4(&bx)[2][3][NT]) {
+    const auto load_b = [&](uint4(&bx)[2][kParts][NT]) {
       if constexpr (kPrefetchB) {
         const bool live = next_b < c_end, live1 = live && 2 * next_b + 1 < groups;
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
-          for (int q = 0; q < 3; ++q)
+          for (int q = 0; q < kParts; ++q)
 #pragma unroll
             for (int jt = 0; jt < NT; ++jt)
               if (b == 0 ? live : live1) bx[b][q][jt] = bp[jt][12 * b + 4 * q];
@@ -232,7 +236,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
         ++next_b;
       }
     };
-    const auto load = [&](uint4(&w)[MT][2][2], uint4(&bx)[2][3][NT]) {
+    const auto load = [&](uint4(&w)[MT][2][2], uint4(&bx)[2][kParts][NT]) {
       load_a(w);
       load_b(bx);
     };
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
         constexpr int d = decltype(d_)::value;
         const int c = c0 + d;
         if (c >= c_end) return;  // group-uniform
-        uint4 w[MT][2][2], bx[2][3][NT];
+        uint4 w[MT][2][2], bx[2][kParts][NT];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -260,7 +264,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
 #pragma unroll
           for (int b = 0; b < 2; ++b)
 #pragma unroll
-            for (int q = 0; q < 3; ++q)
+            for (int q = 0; q < kParts; ++q)
 #pragma unroll
               for (int jt = 0; jt < NT; ++jt) bx[b][q][jt] = bq[d][b][q][jt];
         }
@@ -270,14 +274,16 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
           if (2 * c + b >= groups) return;  // group-uniform
           if constexpr (!kPrefetchB) {
 #pragma unroll
-            for (int q = 0; q < 3; ++q)
+            for (int q = 0; q < kParts; ++q)
 #pragma unroll
               for (int jt = 0; jt < NT; ++jt) bx[b][q][jt] = bp[jt][12 * b + 4 * q];
           }
-          const uint4(&bf)[3][NT] = bx[b];
           uint32_t ar[MT][2][4];
           bf16_block_pairs(w, b, ar);
-          mma_block(acc, ar, bf);
+          if constexpr (kPartsAsColumns)
+            mma_block_parts_as_columns(acc, ar, bx[b][0][0]);
+          else
+            mma_block(acc, ar, bx[b]);
         });
         if constexpr (!kPrefetchB) {
 #pragma unroll
@@ -470,6 +476,15 @@ void launch_mma(const MmaArgs& a, const uint4* split, bool wide, hipStream_t str
       HIP_CHECK(launch_programmatic(&f32_bf16w_mma_wide, grid, dim3(kMmaThreads), 0, stream, a,
                                     split));
       HIP_LAUNCH_CHECK("f32_bf16w_mma_wide", stream);
+      return;
+    }
+  }
+  if constexpr (NT == 1) {
+    if (a.batch == 1 && row_tiles <= 65535) {
+      HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, true, true>,
+                                    dim3(1, unsigned(row_tiles)), dim3(kMmaThreads), 0, stream, a,
+                                    split));
+      HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
       return;
     }
   }

@@ -26,13 +26,16 @@ __device__ __forceinline__ MmaQuarter mma_quarter(int chunks, int group) {
 
 // One block of 32 inputs into acc[m][j] (row tile m, column tile j): ar[m][h] the A pairs of rows
 // g (h = 0) and g + 8 (h = 1) of row tile m; bf[q][j] lane t's 16 bytes of part q (0 hi, 1 mid,
-// 2 lo) of column tile j. Per tile: lo, then mid, then hi, each over both k steps, on a fresh
-// accumulator (the small parts meet it before the large ones), then one float32 add into acc: the
-// tensor cores' own accumulation, coarser than round-to-nearest, spans one block only.
-template <int MT, int NT>
-__device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_t (&ar)[MT][2][4],
-                                          const uint4 (&bf)[3][NT]) {
-  uint32_t af[MT][2][4];
+// 2 lo) of column tile j. Per tile and part: both k steps on a fresh accumulator (three
+// independent chains of two MMA steps), then the parts added in float32, (lo + mid) + hi (the
+// small parts meet before the large one), then one float32 add into acc: the tensor cores' own
+// accumulation, coarser than round-to-nearest, spans one part of one block only.
+__device__ __forceinline__ float mma_parts_sum(float lo, float mid, float hi) {
+  return (lo + mid) + hi;
+}
+template <int MT>
+__device__ __forceinline__ void mma_a_fragments(const uint32_t (&ar)[MT][2][4],
+                                                uint32_t (&af)[MT][2][4]) {
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -40,22 +43,65 @@ __device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_
       af[m][step][0] = ar[m][0][2 * step], af[m][step][1] = ar[m][1][2 * step];
       af[m][step][2] = ar[m][0][2 * step + 1], af[m][step][3] = ar[m][1][2 * step + 1];
     }
+}
+template <int MT, int NT>
+__device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_t (&ar)[MT][2][4],
+                                          const uint4 (&bf)[3][NT]) {
+  uint32_t af[MT][2][4];
+  mma_a_fragments(ar, af);
+  // Part q's two k steps on a fresh accumulator.
+  const auto chain = [&](int m, int j, int q, float(&part)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[i] = 0.0f;
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      const uint32_t b[2] = {step == 0 ? bf[q][j].x : bf[q][j].z,
+                             step == 0 ? bf[q][j].y : bf[q][j].w};
+      mma_bf16_16x8x16(part, af[m][step], b);
+    }
+  };
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // lo and mid first, added before hi's chain runs: two parts' registers live at a time.
+      float lo[4], mid[4], hi[4];
+      chain(m, j, 2, lo);
+      chain(m, j, 1, mid);
 #pragma unroll
-      for (int q = 2; q >= 0; --q)
+      for (int i = 0; i < 4; ++i) lo[i] = lo[i] + mid[i];
+      chain(m, j, 0, hi);
 #pragma unroll
-        for (int step = 0; step < 2; ++step) {
-          const uint32_t b[2] = {step == 0 ? bf[q][j].x : bf[q][j].z,
-                                 step == 0 ? bf[q][j].y : bf[q][j].w};
-          mma_bf16_16x8x16(part, af[m][step], b);
-        }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][j][i] += part[i];
+      for (int i = 0; i < 4; ++i) acc[m][j][i] += lo[i] + hi[i];
     }
+}
+
+// The same block for one column (batch 1's projections, the experts' pair mode) with the three
+// parts as the tile's columns: lane (g, t) holds part mma_part_column(g) of that column in bq, so
+// one MMA chain of two steps computes all three parts, column q part q (an MMA output element
+// depends only on its own row, column and accumulator: the same bits as the three chains of
+// mma_block). Lane t = 0 then holds hi and mid of rows g and g + 8 in part[0..3] and lane t = 1
+// lo in part[0] and part[2]; lane t = 0's acc[m][0][0] and acc[m][0][2] (column 0) receive the
+// sum, the other lanes' acc hold nothing of use.
+__device__ __forceinline__ int mma_part_column(int g) {
+  return g < 3 ? g : 0;
+}
+template <int MT>
+__device__ __forceinline__ void mma_block_parts_as_columns(float (&acc)[MT][1][4],
+                                                           const uint32_t (&ar)[MT][2][4],
+                                                           const uint4& bq) {
+  uint32_t af[MT][2][4];
+  mma_a_fragments(ar, af);
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t b0[2] = {bq.x, bq.y}, b1[2] = {bq.z, bq.w};
+    mma_bf16_16x8x16(part, af[m][0], b0);
+    mma_bf16_16x8x16(part, af[m][1], b1);
+    const float lo_g = __shfl_xor(part[0], 1), lo_g8 = __shfl_xor(part[2], 1);
+    acc[m][0][0] += mma_parts_sum(lo_g, part[1], part[0]);
+    acc[m][0][2] += mma_parts_sum(lo_g8, part[3], part[2]);
+  }
 }
 
 // The four groups' partial sums of a block's tiles, in shared memory: each group stores its own,
