@@ -288,7 +288,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   static_assert(kD % 4 == 0 && kDecodeMaxHeads * kD <= kDecodeOutputs * kThreads);
   constexpr int kQuads = kD / 4, kLdk = kD + 4, kWarps = kThreads / kWarpSize;
   constexpr int kLoads = (kDecodeKeys * kQuads + kThreads - 1) / kThreads;  // a tile, per thread
-  allow_next_grid_start();  // o_proj may load its weights meanwhile
+  wait_for_previous_grid();  // launched to overlap the end of the kernel before (q_rope)
+  allow_next_grid_start();   // o_proj may load its weights meanwhile
   extern __shared__ float4 smem4[];
   __shared__ float red[kDecodeMaxHeads][kWarps];
   __shared__ float head_max[kDecodeMaxHeads], head_sum[kDecodeMaxHeads];
@@ -813,9 +814,10 @@ void launch_f32_attention_decode(const AttentionShape& a, const KvCacheView& kv,
   const size_t smem = decode_smem(a, hb, max_pos);
   const dim3 grid(unsigned(g / hb), unsigned(a.n_kv), unsigned(batch));
   const auto launch = [&]<int kD>() {
-    f32_attention_decode<kD><<<grid, kThreads, smem, stream>>>(
-        a, kv, hb, attention_split_keys(a.max_context), rows, q, sinks, scores, probs, out,
-        out_split.empty() ? nullptr : out_split.data());
+    uint32_t* const split = out_split.empty() ? nullptr : out_split.data();
+    HIP_CHECK(launch_programmatic(&f32_attention_decode<kD>, grid, dim3(kThreads), smem, stream, a,
+                                  kv, hb, attention_split_keys(a.max_context), rows, q, sinks,
+                                  scores, probs, out, split));
   };
   if (a.head_dim == 16)
     launch.template operator()<16>();

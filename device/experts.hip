@@ -52,6 +52,7 @@ struct MoeArgs {
   float* act;
   float alpha, limit;
   uint32_t* act_split;  // act's split into BF16 parts (MoeWorkspace::act_split), or null
+  bool idx_settled = false;  // MoeWorkspace::idx_settled (launch_f32_mxfp4w_moe_mma sets it)
 };
 
 // act[p][unit] = value, and its split when asked for (the flat index of mlp2's input).
@@ -318,6 +319,20 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
   constexpr bool kPartsAsColumns = !kGrouped;
   static_assert(kGrouped || NT == 1, "pair mode takes one pair a tile");
   constexpr int kParts = kPartsAsColumns ? 1 : 3;
+  // Pair mode is launched to overlap the end of the kernel before (launch_programmatic): it waits
+  // for that kernel before reading what it may write (the expert indices unless a.idx_settled,
+  // the split inputs) and before writing anything; with settled indices its first tile's first
+  // weights are loaded before the wait. The kernel after it may then start (and load its own
+  // weights): a block allows it once past the wait. Block-uniform; grouped tiles (launched after
+  // the pair sort in the same stream, plainly) need none of it.
+  bool settled = kGrouped;
+  const auto settle = [&] {
+    if (settled) return;
+    wait_for_previous_grid();
+    allow_next_grid_start();
+    settled = true;
+  };
+  if (!a.idx_settled) settle();
   for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
     int bucket, first, np;
     if constexpr (kGrouped) {
@@ -339,6 +354,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     }
     const auto pair_at = [&](int n) { return kGrouped ? rv.sorted[first + n] : first + n; };
     if (bucket == a.experts) {  // invalid expert indices: NaN for every output of the tile
+      settle();
       for (int i = int(threadIdx.x); i < np * kRows; i += kMmaThreads) {  // each output once
         const int n = i / kRows, j = j0 + i % kRows;
         if (j < a.out && (!kSwiGLU || j % 2 == 0)) write_invalid(a, pair_at(n), j, j / 2, kSwiGLU);
@@ -421,6 +437,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     };
 #pragma unroll
     for (int u = 0; u < kPrefetch<NT>; ++u) load(wq[u], sq[u]);
+    settle();
     if constexpr (kPrefetchB) load_b(c_begin, bq[0]);
 
     float acc[MT][NT][4];
@@ -789,8 +806,8 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
                   unsigned(std::min<int64_t>(tiles_bound, 65535)));
   if constexpr (NT == 1) {  // pair mode takes one pair per tile
     if (routing == nullptr) {
-      f32_mxfp4w_moe_mma<kSwiGLU, false, MT, NT>
-          <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
+      HIP_CHECK(launch_programmatic(&f32_mxfp4w_moe_mma<kSwiGLU, false, MT, NT>, grid,
+                                    dim3(kMmaThreads), 0, stream, a, pairs, routing, split));
       HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
       return;
     }
@@ -869,8 +886,8 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
                                const float* x, int x_row_stride, int x_slot_stride, float* y,
                                float* act, float alpha, float limit, const MoeWorkspace& ws,
                                MoeTiling tiling, hipStream_t stream) {
-  const MoeArgs a =
-      moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit, ws);
+  MoeArgs a = moe_args(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act, alpha, limit, ws);
+  a.idx_settled = ws.idx_settled;
   require_mxfp4(w, x, x_row_stride, x_slot_stride);
   const int64_t pairs = int64_t(batch) * k;
   PARITY_DEVICE_REQUIRE(pairs <= int64_t(1) << 30, "launch_f32_moe_linear: ", pairs,

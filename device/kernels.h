@@ -209,6 +209,10 @@ struct MoeWorkspace {
   std::span<uint32_t> split;
   bool split_ready = false;  // split already holds x's split (SplitInput::ready)
   std::span<uint32_t> act_split;
+  // The expert indices were complete before the kernel launched just before this one began (mlp2
+  // after mlp1: the router wrote them): a small step's tiles read them and load their first
+  // weights while that kernel still runs. False: they wait for it first.
+  bool idx_settled = false;
 };
 inline bool moe_writes_act_split(int out) {
   return out % 64 == 0;

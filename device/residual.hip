@@ -12,6 +12,8 @@ __global__ void __launch_bounds__(256)
     f32_moe_weighted_sum_residual(const float* __restrict__ w, const float* __restrict__ expert_out,
                                   int k, int n, const float* __restrict__ residual,
                                   float* __restrict__ moe_out, float* __restrict__ resid_out) {
+  wait_for_previous_grid();  // launched to overlap the end of the kernel before (mlp2)
+  allow_next_grid_start();
   const int r = int(blockIdx.y);
   const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (i >= n) return;
@@ -42,8 +44,9 @@ void launch_f32_moe_weighted_sum_residual(const float* w, const float* expert_ou
       "launch_f32_moe_weighted_sum_residual: residual and its output go together");
   PARITY_DEVICE_REQUIRE(batch > 0 && k > 0 && n > 0, "launch_f32_moe_weighted_sum_residual: batch ",
                         batch, ", k ", k, ", n ", n, " must be positive");
-  f32_moe_weighted_sum_residual<<<dim3(unsigned(ceil_div(n, 256)), unsigned(batch)), 256, 0,
-                                  stream>>>(w, expert_out, k, n, residual, moe_out, resid_out);
+  HIP_CHECK(launch_programmatic(&f32_moe_weighted_sum_residual,
+                                dim3(unsigned(ceil_div(n, 256)), unsigned(batch)), dim3(256), 0,
+                                stream, w, expert_out, k, n, residual, moe_out, resid_out));
   HIP_LAUNCH_CHECK("f32_moe_weighted_sum_residual", stream);
 }
 

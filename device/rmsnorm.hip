@@ -2,7 +2,8 @@
 //   y = (x * (1 / sqrt(mean(x^2) + eps))) * weight   -- the order of reference/rmsnorm.cpp.
 // launch_f32_rmsnorm_split also writes y split into BF16 parts (device/split_inputs.h) for the
 // MMA kernel that reads it next (qkv, mlp1, lm_head), which then launches no split of its own:
-// the same y, the same split, one launch fewer.
+// the same y, the same split, one launch fewer. Both are launched to overlap the end of the kernel
+// before (launch_programmatic): the vector form loads its weights, then waits for that kernel.
 #include "device/device_math.h"
 #include "device/split_inputs.h"
 
@@ -19,7 +20,6 @@ template <typename W, bool kSplit>
 __global__ void __launch_bounds__(kNormThreads)
     f32_rmsnorm_w_vec(const float* __restrict__ x, const W* __restrict__ weight, int n, float eps,
                       float* __restrict__ y, uint32_t* __restrict__ split) {
-  allow_next_grid_start();  // the projection after it may load its weights meanwhile
   __shared__ float scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* yr = y + int64_t(blockIdx.x) * n;
@@ -29,10 +29,14 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int u = 0; u < kNormChunksPerThread; ++u) {
     const int c = t + u * kNormThreads;
-    if (c < n8) {
-      xq[u] = load_raw8(xr + 8 * c);
-      wq[u] = load_raw8(weight + 8 * c);
-    }
+    if (c < n8) wq[u] = load_raw8(weight + 8 * c);
+  }
+  wait_for_previous_grid();  // x is the kernel before's output
+  allow_next_grid_start();   // the projection after it may load its weights meanwhile
+#pragma unroll
+  for (int u = 0; u < kNormChunksPerThread; ++u) {
+    const int c = t + u * kNormThreads;
+    if (c < n8) xq[u] = load_raw8(xr + 8 * c);
   }
   float ss = 0.0f;
 #pragma unroll
@@ -69,6 +73,7 @@ template <typename W>
 __global__ void __launch_bounds__(kNormThreads)
     f32_rmsnorm_w(const float* __restrict__ x, const W* __restrict__ weight, int n, float eps,
                   float* __restrict__ y) {
+  wait_for_previous_grid();
   allow_next_grid_start();  // the projection after it may load its weights meanwhile
   __shared__ float scratch[32];
   const float* xr = x + int64_t(blockIdx.x) * n;
@@ -106,10 +111,13 @@ void launch_f32_rmsnorm(const float* x, WeightType weight_type, const void* weig
   const bool vec = one_pass(x, weight, n, y);
   dispatch_weight_type(weight_type, [&]<typename W>() {
     const W* w = static_cast<const W*>(weight);
+    uint32_t* const no_split = nullptr;
     if (vec)
-      f32_rmsnorm_w_vec<W, false><<<batch, kNormThreads, 0, stream>>>(x, w, n, eps, y, nullptr);
+      HIP_CHECK(launch_programmatic(&f32_rmsnorm_w_vec<W, false>, dim3(unsigned(batch)),
+                                    dim3(kNormThreads), 0, stream, x, w, n, eps, y, no_split));
     else
-      f32_rmsnorm_w<W><<<batch, kNormThreads, 0, stream>>>(x, w, n, eps, y);
+      HIP_CHECK(launch_programmatic(&f32_rmsnorm_w<W>, dim3(unsigned(batch)), dim3(kNormThreads), 0,
+                                    stream, x, w, n, eps, y));
   });
   HIP_LAUNCH_CHECK("f32_rmsnorm_w", stream);
 }
@@ -127,8 +135,9 @@ void launch_f32_rmsnorm_split(const float* x, WeightType weight_type, const void
                         "launch_f32_rmsnorm_split: the split workspace holds ", split.size(),
                         " words (16-byte aligned), the rows need ", split_bf16x3_words(floats));
   dispatch_weight_type(weight_type, [&]<typename W>() {
-    f32_rmsnorm_w_vec<W, true><<<batch, kNormThreads, 0, stream>>>(
-        x, static_cast<const W*>(weight), n, eps, y, split.data());
+    HIP_CHECK(launch_programmatic(&f32_rmsnorm_w_vec<W, true>, dim3(unsigned(batch)),
+                                  dim3(kNormThreads), 0, stream, x, static_cast<const W*>(weight),
+                                  n, eps, y, split.data()));
   });
   HIP_LAUNCH_CHECK("f32_rmsnorm_w_vec", stream);
 }

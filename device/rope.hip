@@ -25,6 +25,8 @@ __global__ void __launch_bounds__(kRopeThreads)
                             const float* __restrict__ inv_freq, float concentration,
                             float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
                             bool append, AttentionShape a, KvCacheView kv) {
+  wait_for_previous_grid();  // launched to overlap the end of the kernel before (qkv)
+  allow_next_grid_start();
   const int r = int(blockIdx.x);
   const int half = head_dim / 2;
   const int qkv_dim = (n_heads + 2 * n_kv) * head_dim;
@@ -99,9 +101,10 @@ void launch_f32_qkv_split_yarn_rope(const float* qkv, const StepRow* rows, int b
                           " heads, ", a.n_kv, " kv heads, d ", a.head_dim, ", slot ", a.kv_slot,
                           ") does not match or has no cache");
   }
-  f32_qkv_split_yarn_rope<<<dim3(unsigned(batch), unsigned(blocks_y)), kRopeThreads, 0, stream>>>(
-      qkv, rows, n_heads, n_kv, head_dim, heads_per_block, inv_freq, concentration, q, k, v,
-      append != nullptr, a, kv);
+  HIP_CHECK(launch_programmatic(&f32_qkv_split_yarn_rope, dim3(unsigned(batch), unsigned(blocks_y)),
+                                dim3(kRopeThreads), 0, stream, qkv, rows, n_heads, n_kv, head_dim,
+                                heads_per_block, inv_freq, concentration, q, k, v,
+                                append != nullptr, a, kv));
   HIP_LAUNCH_CHECK("f32_qkv_split_yarn_rope", stream);
 }
 

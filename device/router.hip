@@ -113,6 +113,8 @@ __global__ void __launch_bounds__(kRouterThreads)
   __shared__ float sel_v[RB][kMaxTopK];
   __shared__ int sel_e[RB][kMaxTopK];
   __shared__ bool last;
+  wait_for_previous_grid();  // launched to overlap the end of the kernel before (ffn_norm)
+  allow_next_grid_start();
   const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
   const int warps = int(blockDim.x) / kWarpSize;
   const int r0 = int(blockIdx.x) * RB, nb = min(RB, batch - r0);
@@ -226,12 +228,15 @@ void launch_f32_router(const Matrix& weight, const float* bias, const float* x, 
     const W* wt = static_cast<const W*>(weight.data);
     const auto launch = [&]<int RB>() {
       const dim3 grid(unsigned(ceil_div(batch, RB)), unsigned(expert_blocks));
+      int32_t* const t = tickets.data();
       if (vec)
-        f32_router_logits_topk<W, RB, true><<<grid, threads, smem, stream>>>(
-            wt, bias, x, in, batch, n_experts, k, logits, idx, w, tickets.data());
+        HIP_CHECK(launch_programmatic(&f32_router_logits_topk<W, RB, true>, grid,
+                                      dim3(unsigned(threads)), smem, stream, wt, bias, x, in, batch,
+                                      n_experts, k, logits, idx, w, t));
       else
-        f32_router_logits_topk<W, RB, false><<<grid, threads, smem, stream>>>(
-            wt, bias, x, in, batch, n_experts, k, logits, idx, w, tickets.data());
+        HIP_CHECK(launch_programmatic(&f32_router_logits_topk<W, RB, false>, grid,
+                                      dim3(unsigned(threads)), smem, stream, wt, bias, x, in, batch,
+                                      n_experts, k, logits, idx, w, t));
     };
     if (rb == 1)
       launch.template operator()<1>();

@@ -173,10 +173,15 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
         rt.forget_split(s);  // mlp1's split of the values this replaced
       }
       break;
-    case Stage::mlp2:
+    case Stage::mlp2: {
+      // The router wrote the indices before mlp1 ran (or a replay wrote them from the host);
+      // neither mlp1 nor the SwiGLU or split kernels that may run between write them.
+      MoeWorkspace ws = moe_ws(Stage::swiglu);
+      ws.idx_settled = true;
       launch_f32_moe_linear(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
-                            alpha, limit, moe_ws(Stage::swiglu), st);
+                            alpha, limit, ws, st);
       break;
+    }
     case Stage::moe_out:
       launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H,
                                            out(Stage::resid_attn), out(s), out(Stage::resid_ffn),
