@@ -244,6 +244,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     // before, which writes the split inputs: the weights' loads overlap its end.
     static_for<kDepth>([&](auto d_) { load_a(wq[decltype(d_)::value]); });
     wait_for_previous_grid();
+    allow_next_grid_start();  // the kernel after it (q_rope, a norm) may start meanwhile
     static_for<kDepth>([&](auto d_) {
       constexpr int d = decltype(d_)::value;
       load_b(bq[kPrefetchB ? d : 0]);
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     // The kernel before writes the split inputs (launch_programmatic): the weights' loads overlap
     // its end.
     wait_for_previous_grid();
+    allow_next_grid_start();
     // The staging (WideStager): a batch row past the batch stages the tile's first.
     using Stager = WideStager<kCols>;
     const int col = int(threadIdx.x) / Stager::kThreadsPerCol;
