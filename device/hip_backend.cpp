@@ -54,7 +54,7 @@ class HipBackend final : public Backend {
            "no other contraction (" PARITY_DEVICE_FP_CONTRACT "); MXFP4 experts and BF16 "
            "projections on BF16 MMA tiles with exact products (weights exact in BF16, inputs "
            "split into three BF16 parts summing exactly) and float32 accumulation per block of "
-           "32; precise expf/sinf/cosf/sqrtf";
+           "32 and part, the parts then added in float32; precise expf/sinf/cosf/sqrtf";
   }
   // CUDA's and HIP's expf, sinf, cosf and sqrtf (no fast-math) are within 2 ulp; the policy
   // allows twice that.

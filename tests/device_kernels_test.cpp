@@ -132,9 +132,9 @@ int warp_dot_chain(int n) {
   return (n + w - 1) / w + 8 + int(std::log2(w)) + 2;
 }
 
-// Chain length of an MMA kernel's dot of n terms: per block of 32 inputs six MMA steps (three
-// parts by two k steps), each adding 16 exact products to the accumulator, then the four
-// quarters' partial sums.
+// Chain length of an MMA kernel's dot of n terms: per block of 32 inputs at most six roundings
+// (each split part's two MMA steps, each adding 16 exact products to its accumulator, the parts'
+// two adds and the add into the sum: five), then the four quarters' partial sums.
 int mma_dot_chain(int n) {
   return 6 * (n / 32) + 16 + 2;
 }
