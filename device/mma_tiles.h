@@ -64,15 +64,12 @@ __device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      // lo and mid first, added before hi's chain runs: two parts' registers live at a time.
       float lo[4], mid[4], hi[4];
       chain(m, j, 2, lo);
       chain(m, j, 1, mid);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) lo[i] = lo[i] + mid[i];
       chain(m, j, 0, hi);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][j][i] += lo[i] + hi[i];
+      for (int i = 0; i < 4; ++i) acc[m][j][i] += mma_parts_sum(lo[i], mid[i], hi[i]);
     }
 }
 
