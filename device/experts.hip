@@ -20,7 +20,7 @@
 // expert and its weights are read once per tile; (2) x is split; (3) a block computes a tile of
 // one expert's rows by its pairs: in pair mode and in grouped steps of few pairs per expert 32
 // rows by one pair or 8 pairs, each of its four groups of 32 lanes over a quarter of the inputs
-// (f32_mxfp4w_moe_mma); in larger steps 128 rows by 8, 16 or 32 pairs, each group 32 of the rows
+// (f32_mxfp4w_moe_mma); in larger steps 128 rows by 8 or 16 pairs, each group 32 of the rows
 // over all of the inputs, the pairs' inputs staged once per block (f32_mxfp4w_moe_mma_wide;
 // moe_tiling picks). Tilings differ in which lanes compute an element, never in its sequence of
 // MMA steps, so the results are the same bits for any step size.
@@ -537,20 +537,16 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
 // registers; at five blocks, 96 registers, the three parts' separate chains spill 108 bytes, and
 // batch 64 took 1 % longer; at four blocks and two chunks mlp2 took 9 % longer), the 16-pair tiles
 // four and one (128 registers, spilling; at three blocks, 168 registers, batch 128 and 256 took 2
-// % longer), the 32-pair tiles one and two (docs/measurements.md).
-template <int NT>
-constexpr int kWideMoeBlocksPerSm = NT == 1   ? 4
-                                    : NT == 2 ? 4
-                                              : 1;
-template <int NT>
-constexpr int kWideAhead = NT == 4 ? 2 : 1;
+// % longer). With 32-pair tiles (255 registers, one block per SM, two chunks ahead) prefill's mlp1
+// took 13 % longer than with the 16-pair ones and batch 512's step 11 % (docs/measurements.md).
+constexpr int kWideMoeBlocksPerSm = 4;
 
 // Wide tiles: four groups on 128 rows of one expert by 8 NT pairs, the pairs' split inputs shared
 // through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps as in
-// f32_mxfp4w_moe_mma. 32 pairs (NT = 4) for steps of about 64 pairs per expert and more
-// (prefill), 16 and 8 pairs from about 16 and 8 per expert (batched decode; moe_tiling).
+// f32_mxfp4w_moe_mma. 16 and 8 pairs from about 16 and 8 per expert (batched decode, prefill;
+// moe_tiling).
 template <bool kSwiGLU, int NT>
-__global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
+__global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm)
     f32_mxfp4w_moe_mma_wide(const MoeArgs a, const int32_t* routing, const uint4* split) {
   constexpr int MT = 2, kCols = 8 * NT;
   using Stager = WideStager<kCols>;
@@ -598,7 +594,7 @@ __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
     }();
 
     // A: the warp's rows, the lane's 16 bytes and 4 scale bytes of each chunk (as in
-    // f32_mxfp4w_moe_mma), kWideAhead chunks ahead, walked over the whole input.
+    // f32_mxfp4w_moe_mma), one chunk ahead, walked over the whole input.
     const uint4* ap[MT];
     const uint32_t* sp[MT];
 #pragma unroll
@@ -608,8 +604,8 @@ __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
       ap[m] = packed_blocks + tile_chunk * kMmaLanes + lane;
       sp[m] = packed_scales + tile_chunk * 8 + g;
     }
-    uint4 wq[kWideAhead<NT>][MT];
-    uint32_t sq[kWideAhead<NT>][MT];
+    uint4 wq[MT];
+    uint32_t sq[MT];
     int next = 0;
     const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
       const bool live = next < chunks;
@@ -624,8 +620,7 @@ __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
       }
       ++next;
     };
-    load(wq[0], sq[0]);
-    if constexpr (kWideAhead<NT> == 2) load(wq[1], sq[1]);
+    load(wq, sq);
     stager.load(0, chunks, groups);
     stager.store(staged, 0, chunks);
     __syncthreads();
@@ -640,11 +635,8 @@ __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm<NT>)
         uint4 w[MT];
         uint32_t s[MT];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          w[m] = wq[0][m], s[m] = sq[0][m];
-          if constexpr (kWideAhead<NT> == 2) wq[0][m] = wq[1][m], sq[0][m] = sq[1][m];
-        }
-        load(wq[kWideAhead<NT> - 1], sq[kWideAhead<NT> - 1]);
+        for (int m = 0; m < MT; ++m) w[m] = wq[m], s[m] = sq[m];
+        load(wq, sq);
         const bool small_scales = mxfp4_small_scales(s);
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
@@ -820,7 +812,7 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
       return;
     }
   }
-  // Four warps on 128 rows of 8 NT pairs (16- and 32-pair tiles are always wide).
+  // Four warps on 128 rows of 8 NT pairs (16-pair tiles are always wide).
   const dim3 wide_grid(unsigned(ceil_div(a.out, kWideRows)), grid.y);
   f32_mxfp4w_moe_mma_wide<kSwiGLU, NT><<<wide_grid, kMmaThreads, 0, stream>>>(a, routing, split);
   HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma_wide", stream);
@@ -871,12 +863,10 @@ namespace detail {
 
 MoeTiling moe_tiling(int64_t pairs, int experts) {
   if (pairs <= kPairModeMaxPairs) return {false, 2, 1, false};
-  // About 64 pairs per expert or more: 128-row by 32-pair tiles; 16 or more, 128 by 16; 8 or
-  // more, 128 by 8; fewer, 32 by 8, the four warps of a block on a quarter of the input each (at
-  // 1-4 pairs per expert the wide blocks were 3-9 % slower: too few blocks; at 32 and 48 the
-  // 32-pair tiles, one block per SM and a second tile for every expert past 32, were 21 and 17 %
-  // slower than the 16-pair ones; docs/measurements.md).
-  if (pairs >= 64 * int64_t(experts)) return {true, 2, 4, true};
+  // About 16 pairs per expert or more: 128-row by 16-pair tiles (prefill's 512 per expert too);
+  // 8 or more, 128 by 8; fewer, 32 by 8, the four warps of a block on a quarter of the input each
+  // (at 1-4 pairs per expert the wide blocks were 3-9 % slower: too few blocks;
+  // docs/measurements.md).
   if (pairs >= 16 * int64_t(experts)) return {true, 2, 2, true};
   if (pairs >= 8 * int64_t(experts)) return {true, 2, 1, true};
   return {true, 2, 1, false};
@@ -893,15 +883,13 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
   PARITY_DEVICE_REQUIRE(pairs <= int64_t(1) << 30, "launch_f32_moe_linear: ", pairs,
                         " (row, slot) pairs exceed the kernel's int32 pair index");
   const int mt = tiling.m_tiles, nt = tiling.n_tiles;
-  PARITY_DEVICE_REQUIRE(mt == 2 && (nt == 1 || nt == 2 || nt == 4),
-                        "launch_f32_moe_linear: tiles of ", mt, " x 16 rows by ", nt,
-                        " x 8 pairs are not built (2 x 1, 2 x 2 and 2 x 4 are)");
+  PARITY_DEVICE_REQUIRE(mt == 2 && (nt == 1 || nt == 2), "launch_f32_moe_linear: tiles of ", mt,
+                        " x 16 rows by ", nt, " x 8 pairs are not built (2 x 1 and 2 x 2 are)");
   PARITY_DEVICE_REQUIRE(tiling.grouped || (nt == 1 && !tiling.wide),
                         "launch_f32_moe_linear: pair mode takes one pair per tile, 32 rows a "
                         "block");
   PARITY_DEVICE_REQUIRE(tiling.wide || nt == 1,
-                        "launch_f32_moe_linear: tiles of 16 and 32 pairs are wide (128 rows a "
-                        "block)");
+                        "launch_f32_moe_linear: tiles of 16 pairs are wide (128 rows a block)");
   const int64_t x_floats = moe_x_floats(batch, k, x_row_stride, x_slot_stride, w.in);
   PARITY_DEVICE_REQUIRE(ws.split.size() >= split_bf16x3_words(x_floats),
                         "launch_f32_moe_linear: the split workspace holds ", ws.split.size(),
@@ -934,16 +922,11 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
       launch_mma<true, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
     else
       launch_mma<false, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
-  } else if (nt == 2) {
+  } else {
     if (act != nullptr)
       launch_mma<true, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
     else
       launch_mma<false, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
-  } else {
-    if (act != nullptr)
-      launch_mma<true, 2, 4>(a, np, routing, split, tiles_bound, true, stream);
-    else
-      launch_mma<false, 2, 4>(a, np, routing, split, tiles_bound, true, stream);
   }
 }
 

@@ -237,10 +237,9 @@ size_t moe_routing_ints(int64_t pairs, int experts);
 namespace detail {
 // The tiling behind launch_f32_moe_linear, callable with any built tiling so that the kernel
 // tests compare them bit for bit: pair mode (one pair per tile, no sort) or grouped by expert,
-// with tiles of 16 m_tiles rows by 8 n_tiles pairs (2 x 1, 2 x 2 or 2 x 4); `wide` blocks take
+// with tiles of 16 m_tiles rows by 8 n_tiles pairs (2 x 1 or 2 x 2); `wide` blocks take
 // four such row tiles of the same pairs (128 rows; their split inputs staged once per block), or
-// else one, the four warps a quarter of the input each. Pair mode is not wide; 2 x 2 and 2 x 4
-// always are.
+// else one, the four warps a quarter of the input each. Pair mode is not wide; 2 x 2 always is.
 struct MoeTiling {
   bool grouped = true;
   int m_tiles = 2, n_tiles = 1;
