@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <fmt/ranges.h>
 #include <functional>
 #include <map>
 #include <memory>
@@ -135,18 +136,6 @@ double element(const void* data, int dtype, size_t i) {
   }
 }
 
-// The unit roundoffs of a port that stores activations in `precision` and (as every GPU port
-// does) accumulates in float32 or wider.
-PrecisionPolicy policy_of(const std::string& precision) {
-  if (precision == "float64") return PrecisionPolicy::float64();
-  PrecisionPolicy p = PrecisionPolicy::float32(4);
-  if (precision == "bfloat16") p.storage_unit_roundoff = 0x1p-8;
-  if (precision == "float16") {
-    p.storage_unit_roundoff = 0x1p-11;
-    p.storage_min_normal = 0x1p-14;
-  }
-  return p;
-}
 
 // One row being assembled from parts (expert slots, q/k/v) before it is written.
 struct Partial {
@@ -190,8 +179,10 @@ size_t from_interleaved(size_t i, size_t d) {
   return (i % 2 == 0) ? i / 2 : d / 2 + i / 2;
 }
 
+// `layout`: the port's layout of the row, kept as the dataset's "layout" attribute (NO_SINK tells
+// the diff that an att row's sink column is derived, not the port's).
 void write_row(parity_capture& c, int position, int layer, Stage s, const std::vector<double>& v,
-               bool f64) {
+               bool f64, unsigned layout = PARITY_LAYOUT_DEFAULT) {
   StageData data;
   data.dims = stage_dims(c.config, s, position);
   if (is_decision(s)) {
@@ -206,7 +197,7 @@ void write_row(parity_capture& c, int position, int layer, Stage s, const std::v
   }
   try {
     c.writer->record({position, layer, s, execution_order(c.config, layer, s), Series::output},
-                     data);
+                     data, layout == PARITY_LAYOUT_DEFAULT ? std::string() : layout_names(layout));
   } catch (const Error& e) {
     c.abandoned = e.what();
     refuse(PARITY_CAPTURE_ERR_IO, e.what());
@@ -387,7 +378,7 @@ void record(parity_capture& c, const char* stage_name, int position, int layer, 
 
   const bool f64 = dtype == PARITY_CAPTURE_F64;
   if (num_parts == 1) {
-    write_row(c, position, layer, s, v, f64);
+    write_row(c, position, layer, s, v, f64, layout);
     return;
   }
   Partial& p = c.partial[key];
@@ -452,11 +443,14 @@ int parity_capture_open(parity_capture** out, const char* path, const char* mode
       refuse(PARITY_CAPTURE_ERR_MODEL, fmt::format("capture {}: no tokens", c->path));
     const std::string precision =
         options != nullptr && options->precision != nullptr ? options->precision : "float32";
-    if (precision != "float32" && precision != "bfloat16" && precision != "float16" &&
-        precision != "float64")
+    PrecisionPolicy policy;
+    try {
+      policy = PrecisionPolicy::preset(precision);
+    } catch (const Error&) {
       refuse(PARITY_CAPTURE_ERR_ARGUMENT,
-             fmt::format("capture {}: precision {} (float32, bfloat16, float16 or float64)",
-                         c->path, one_line(precision, 40)));
+             fmt::format("capture {}: precision {} is not a preset ({})", c->path,
+                         one_line(precision, 40), fmt::join(PrecisionPolicy::preset_names(), ", ")));
+    }
     std::unique_ptr<Model> m;
     try {
       m = Model::load(model_dir);
@@ -479,8 +473,8 @@ int parity_capture_open(parity_capture** out, const char* path, const char* mode
     meta.backend = options != nullptr && options->port != nullptr && *options->port != '\0'
                        ? one_line(options->port, 200)
                        : "capture";
-    meta.precision = fmt::format("{} activations, as captured from the port", precision);
-    meta.precision_policy = policy_of(precision);
+    meta.precision = fmt::format("{}, as declared by the port", precision);
+    meta.precision_policy = policy;
     meta.config = c->config.to_json();
     meta.fingerprint = m->fingerprint;
     meta.model_dir = m->dir;

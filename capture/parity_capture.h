@@ -133,9 +133,11 @@ typedef enum parity_capture_dtype {
 typedef struct parity_capture_options {
   /* Name of the port, recorded as the trace's backend ("my-hip-port"); NULL: "capture". */
   const char* port;
-  /* How the port stores activations: "float32" (NULL: the default), "bfloat16", "float16",
-   * "float64". Chooses the default tolerance profile of the diff and the precision policy of
-   * the derived bounds. */
+  /* How the port rounds, as a preset name (NULL: "float32"): "float64", "float32", "bfloat16",
+   * "float16" (stored in that format, computed in float32 inside each stage), "vllm-like",
+   * "transformers-f64", "transformers-f32", "transformers-bf16", "transformers-f16". The error
+   * bounds each stage is held to are derived from it (README "Verdict of a capture"; what each
+   * preset declares: model/precision.h, python/parity_capture/precision.py). */
   const char* precision;
   /* Free text about the device, driver and build (recorded, not interpreted); NULL: none. */
   const char* device;

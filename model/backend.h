@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/precision.h"
 #include "model/stages.h"
 
 namespace parity {
@@ -58,23 +59,6 @@ struct StageData {
 // Dimensions of one row of a stage at a given position (keys = pos + 1 for scores/att).
 std::vector<size_t> stage_dims(const Config& c, Stage s, int pos);
 
-// How a backend rounds, as numbers the error bounds (tracer/bounds.h) are derived from:
-// the unit roundoff of the activations it stores and reads (its stage outputs, its KV cache),
-// the unit roundoff of its accumulations and elementary operations, and the largest error of
-// its elementary functions (exp, sin, cos, sqrt, division) in units of that roundoff, and the
-// smallest normal number of its storage format (below it a correct device may flush to zero).
-struct PrecisionPolicy {
-  double storage_unit_roundoff = 0x1p-24;       // float32: 2^-24
-  double accumulation_unit_roundoff = 0x1p-24;  // float32
-  double function_ulps = 4;
-  double storage_min_normal = 0x1p-126;  // float32 (and bfloat16)
-  nlohmann::json to_json() const;
-  // Throws parity::Error naming `source` unless every field is present, finite and in range.
-  static PrecisionPolicy from_json(const nlohmann::json& j, const std::string& source);
-  static PrecisionPolicy float32(double function_ulps);
-  static PrecisionPolicy float64();
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -111,6 +95,10 @@ class Backend {
   virtual std::optional<StageData> magnitude(Stage, int /*layer*/, int /*row*/) {
     return std::nullopt;
   }
+  // For the projections with a bias (qkv, o_proj, router, mlp1, mlp2): per element, |bias| (for
+  // mlp1 and mlp2 the bias of the expert in each slot). By the reference; nullopt for other
+  // stages and other backends.
+  virtual std::optional<StageData> bias(Stage, int /*layer*/, int /*row*/) { return std::nullopt; }
   // Drops every sequence's KV cache.
   virtual void reset() = 0;
 };

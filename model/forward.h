@@ -12,12 +12,21 @@
 namespace parity {
 
 // Which run a traced row comes from.
-//   output     a backend's own output: the reference's values, or a candidate running free on
-//              its own inputs (its error accumulated over every stage before)
-//   replay     a candidate stage re-run on the reference's inputs (teacher forcing): the
-//              stage's local result, whose error is that stage's own
-//   magnitude  the reference's per-element sum of |terms| of a stage's sums (Backend::magnitude)
-enum class Series { output, replay, magnitude };
+//   output               a backend's own output: the reference's values, or a candidate running
+//                        free on its own inputs (its error accumulated over every stage before)
+//   replay               a candidate stage re-run on the reference's inputs (teacher forcing):
+//                        the stage's local result, whose error is that stage's own
+//   magnitude            the reference's per-element sum of |terms| of a stage's sums
+//                        (Backend::magnitude)
+//   recompute            the reference's output of a stage recomputed from the candidate's own
+//                        values of its inputs (model/recompute.h): the candidate's output minus
+//                        it is the candidate stage's local error, for a candidate that cannot be
+//                        replayed (a capture of the user's port)
+//   recompute_magnitude  the magnitude rows of those recomputed sums
+//   recompute_bias       |bias| per element of the recomputed projections (Backend::bias): a
+//                        port that rounds its sum before adding the bias errs by a rounding of
+//                        the sum without it
+enum class Series { output, replay, magnitude, recompute, recompute_magnitude, recompute_bias };
 
 // Where a row of a stage's output lives: the key of a trace dataset.
 struct StageKey {

@@ -1,5 +1,4 @@
-// StageData (one row of a stage's output on the host), the shape rule of every stage, and the
-// precision policy's JSON form.
+// StageData (one row of a stage's output on the host) and the shape rule of every stage.
 #include <cmath>
 
 #include "model/backend.h"
@@ -79,36 +78,5 @@ std::vector<size_t> stage_dims(const Config& c, Stage s, int pos) {
   }
   return {};
 }
-
-nlohmann::json PrecisionPolicy::to_json() const {
-  return {{"storage_unit_roundoff", storage_unit_roundoff},
-          {"accumulation_unit_roundoff", accumulation_unit_roundoff},
-          {"function_ulps", function_ulps},
-          {"storage_min_normal", storage_min_normal}};
-}
-
-PrecisionPolicy PrecisionPolicy::from_json(const nlohmann::json& j, const std::string& source) {
-  if (!j.is_object()) fail("{}: precision policy is not a JSON object", source);
-  auto field = [&](const char* key, double lo, double hi) {
-    if (!j.contains(key) || !j[key].is_number())
-      fail("{}: precision policy lacks the number \"{}\"", source, key);
-    const double v = j[key].get<double>();
-    if (!std::isfinite(v) || v < lo || v > hi)
-      fail("{}: precision policy field \"{}\" is {}, outside [{}, {}]", source, key, v, lo, hi);
-    return v;
-  };
-  PrecisionPolicy p;
-  p.storage_unit_roundoff = field("storage_unit_roundoff", 0, 0.5);
-  p.accumulation_unit_roundoff = field("accumulation_unit_roundoff", 0, 0.5);
-  p.function_ulps = field("function_ulps", 0, 1e6);
-  p.storage_min_normal = field("storage_min_normal", 0, 1);
-  return p;
-}
-
-PrecisionPolicy PrecisionPolicy::float32(double function_ulps) {
-  return {0x1p-24, 0x1p-24, function_ulps, 0x1p-126};
-}
-
-PrecisionPolicy PrecisionPolicy::float64() { return {0x1p-53, 0x1p-53, 2, 0x1p-1022}; }
 
 }  // namespace parity

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <cmath>
 #include <array>
 #include <limits>
 #include <map>
@@ -332,6 +333,43 @@ class CpuBackend final : public Backend {
         default:
           return std::nullopt;
       }
+    }
+  }
+
+  std::optional<StageData> bias(Stage s, int layer, int row) override {
+    if constexpr (!std::is_same_v<T, double>) {
+      return std::nullopt;
+    } else {
+      if (layer < 0) return std::nullopt;
+      const LayerWeights& lw = m_.layers[size_t(layer)];
+      StageData b;
+      b.type = StageData::Type::F64;
+      b.dims = stage_dims(c_, s, batch_.positions[size_t(row)]);
+      size_t n = 1;
+      for (size_t x : b.dims) n *= x;
+      b.f64.assign(n, 0.0);
+      double* out = b.f64.data();
+      auto linear = [](const Linear& w, double* o) {
+        if (w.bias != nullptr) read_vector(*w.bias, o);
+      };
+      auto experts = [&](const ExpertLinear& w) {
+        for (int slot = 0; slot < c_.num_experts_per_tok; ++slot)
+          read_row(*w.bias, expert(row, slot), w.out, out + size_t(slot) * size_t(w.out));
+      };
+      switch (s) {
+        case Stage::qkv:
+          linear(lw.q, out);
+          linear(lw.k, out + c_.q_dim());
+          linear(lw.v, out + c_.q_dim() + c_.kv_dim());
+          break;
+        case Stage::o_proj: linear(lw.o, out); break;
+        case Stage::router: linear(lw.router, out); break;
+        case Stage::mlp1: experts(lw.mlp1); break;
+        case Stage::mlp2: experts(lw.mlp2); break;
+        default: return std::nullopt;
+      }
+      for (double& x : b.f64) x = std::fabs(x);
+      return b;
     }
   }
 

@@ -7,7 +7,7 @@
 #
 # Usage: scripts/device_check.sh [STEP...]
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
-#         hf-generate engine-gpus (default: all but hf-generate and engine-gpus)
+#         hf-generate engine-gpus hf-capture (default: all but the last three)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # CUDA_ARCH / HIP_ARCH (90 / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
@@ -263,6 +263,53 @@ step_hf-generate() {
   grep -E "^N=|loaded|torch" "$LOG_DIR/hf-generate.log"
 }
 
+# transformers' GptOss captured in every dtype (python -m parity_capture.hf) on golden/hf-tiny and
+# golden/hf-large (40 positions, past the sliding window) and, with SYNTH=1, on the synthetic 20b
+# (HF_20B_TOKENS positions); the captures stay in LOG_DIR/captures; judged with parity-trace
+# --candidate-trace when the build is there. transformers' own GptOss code is logged first.
+step_hf-capture() {
+  python3 -c "import torch, transformers" 2>/dev/null || { echo "hf-capture: no torch/transformers here"; return 0; }
+  local caps="$LOG_DIR/captures" tokens
+  mkdir -p "$caps"
+  python3 - >"$LOG_DIR/transformers-source.txt" 2>&1 <<'PY' || true
+import inspect, torch, transformers
+from transformers.models.gpt_oss import modeling_gpt_oss as mg
+print("transformers", transformers.__version__, "torch", torch.__version__)
+for name in ("GptOssRMSNorm", "GptOssExperts", "GptOssTopKRouter", "GptOssMLP", "GptOssRotaryEmbedding",
+             "_apply_rotary_emb", "apply_rotary_pos_emb", "eager_attention_forward", "GptOssAttention",
+             "GptOssDecoderLayer"):
+    obj = getattr(mg, name, None)
+    print("=" * 20, name)
+    print(inspect.getsource(obj) if obj is not None else "(absent)")
+PY
+  tokens="$(awk -v n="${HF_TOKENS:-40}" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), (7 + 7919 * i) % 512 }')"
+  local models=(hf-tiny hf-large)
+  [ "${SYNTH:-0}" = 1 ] && models+=(20b)
+  for m in "${models[@]}"; do
+    local dir="golden/$m" tk="$tokens"
+    if [ "$m" = 20b ]; then
+      dir="$MODELS_DIR/20b"
+      [ -f "$dir/config.json" ] || logged hf-capture "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$dir"
+      tk="$(awk -v n="${HF_20B_TOKENS:-15}" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), (1 + 7919 * i) % 201088 }')"
+    fi
+    for dtype in float64 float32 bfloat16 float16; do
+      logged hf-capture env PYTHONPATH=python python3 -m parity_capture.hf "$dir" --tokens "$tk" \
+        --out "$caps/$m-$dtype.h5" --dtype "$dtype" --device cuda
+      if [ -x "$bin/parity-trace" ]; then
+        set +e
+        "$bin/parity-trace" --model "$dir" --candidate-trace "$caps/$m-$dtype.h5" --out "$LOG_DIR/hfcap-$m-$dtype" \
+          >>"$LOG_DIR/hf-capture.log" 2>&1
+        echo "$m $dtype: parity-trace exit $?" | tee -a "$LOG_DIR/hf-capture.log"
+        set -e
+        grep -E "^(PASS|DIVERGED)|^timing" "$LOG_DIR/hfcap-$m-$dtype/report.txt" | sed "s/^/  /" | tee -a "$LOG_DIR/hf-capture.log"
+        cp "$LOG_DIR/hfcap-$m-$dtype/report.txt" "$LOG_DIR/hfcap-$m-$dtype-report.txt"
+        rm -rf "$LOG_DIR/hfcap-$m-$dtype"
+      fi
+    done
+  done
+  ls -la "$caps" | tee -a "$LOG_DIR/hf-capture.log"
+}
+
 # Several GPUs of one host: the same 128 requests (64 tokens each) on 1 GPU, on every GPU (--gpus all), and
 # through mpirun with one rank per GPU; the outputs must be equal.
 step_engine-gpus() {
@@ -287,8 +334,8 @@ step_engine-gpus() {
 for s in "${steps[@]}"; do
   case "$s" in
     build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
-      hf-generate | engine-gpus) "step_$s" ;;
+      hf-generate | engine-gpus | hf-capture) "step_$s" ;;
     *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
-         "engine-bench hf-generate engine-gpus)"; exit 2 ;;
+         "engine-bench hf-generate engine-gpus hf-capture)"; exit 2 ;;
   esac
 done

@@ -60,14 +60,22 @@ TEST(CaptureExample, NaivePortPassesOnTheTinyModel) {
   EXPECT_EQ(r.output.rfind("PASS: ", 0), 0u) << r.output;
   const auto j = read_json(fs::path(dir) / "out" / "report.json");
   EXPECT_EQ(j["verdict"], "pass");
-  EXPECT_EQ(j["judged"], "accumulated");
-  EXPECT_EQ(j["criterion"]["kind"], "fixed");
-  EXPECT_EQ(j["criterion"]["profile"], "fp32");
+  // Judged by local error: the reference recomputed each stage from the port's own inputs.
+  EXPECT_EQ(j["judged"], "local");
+  EXPECT_EQ(j["local_source"], "recompute");
+  EXPECT_EQ(j["criterion"]["kind"], "derived");
+  EXPECT_EQ(j["candidate_precision_policy"]["name"], "float32");
   EXPECT_EQ(j["summary"]["not_captured"]["datasets"], 0);
+  EXPECT_EQ(j["summary"]["judged_accumulated_for_lack_of_inputs"], 0);
+  EXPECT_TRUE(j["warnings"].empty()) << j["warnings"];
   EXPECT_EQ(j["candidate_backend"], "naive_port");
   // Every stage of every layer at every position, the head included.
   EXPECT_EQ(j["datasets"].size(), size_t(20 * (4 + 19 * 4)));
-  for (const auto& d : j["datasets"]) ASSERT_EQ(d["status"], "pass") << d["path"];
+  for (const auto& d : j["datasets"]) {
+    ASSERT_EQ(d["status"], "pass") << d["path"];
+    ASSERT_EQ(d["judged"], "local") << d["path"];
+    ASSERT_TRUE(d["local_unavailable"].is_null()) << d["path"];
+  }
   EXPECT_TRUE(fs::exists(fs::path(dir) / "out" / "reference.h5"));
   EXPECT_TRUE(fs::exists(capture)) << "the capture is left where it is";
 }
@@ -133,9 +141,16 @@ TEST(CaptureExample, StagesNotCapturedAreListedNotPassed) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("not captured: embedding (20 of 20)"), std::string::npos) << r.output;
+  // Nothing the three stages read was captured: each is judged by its accumulated error against
+  // the float32 profile, naming the input it lacks.
+  EXPECT_NE(r.output.find("(no local error: topk_w of layer 2 at position 5 not captured; held to "
+                          "profile fp32"),
+            std::string::npos)
+      << r.output;
   const auto j = read_json(fs::path(dir) / "out" / "report.json");
   const size_t all = 20 * (4 + 19 * 4);
   EXPECT_EQ(j["summary"]["not_captured"]["datasets"], all - recorded);
+  EXPECT_EQ(j["fallback_tolerance"]["profile"], "fp32");
   size_t not_captured = 0, compared = 0;
   for (const auto& d : j["datasets"]) {
     if (d["status"] == "not_captured") {
@@ -143,6 +158,13 @@ TEST(CaptureExample, StagesNotCapturedAreListedNotPassed) {
       EXPECT_TRUE(d["accumulated"].is_null());
     } else {
       ++compared;
+      EXPECT_EQ(d["judged"], "accumulated") << d["path"];
+      EXPECT_TRUE(d["fallback_tolerance"].get<bool>()) << d["path"];
+      const std::string lacking = d["local_unavailable"].get<std::string>();
+      const std::string want = d["stage"] == "q_rope"    ? "qkv of layer "
+                               : d["stage"] == "moe_out" ? "topk_w of layer "
+                                                         : "final_norm at position ";
+      EXPECT_EQ(lacking.rfind(want, 0), 0u) << d["path"] << ": " << lacking;
     }
   }
   EXPECT_EQ(not_captured, all - recorded);

@@ -361,4 +361,6 @@ DiffSelection selection_from_flags(const SelectionFlags& f) {
   return sel;
 }
 
+std::string preset_list() { return fmt::format("{}", fmt::join(PrecisionPolicy::preset_names(), ", ")); }
+
 }  // namespace parity

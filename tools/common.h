@@ -86,6 +86,9 @@ struct CriterionFlags {
 };
 Criterion criterion_from_flags(const CriterionFlags& flags);
 
+// The precision presets, "float64, float32, ...", for --help.
+std::string preset_list();
+
 // Adds the criterion flags above to a tool's command line (--tolerance, --profile, --atol and
 // --rtol, --stage-tol, --lambda, --bound-safety, --judge); `judge_help` says what --judge
 // defaults to in that tool. explicit_abs_rel is set when --atol is given.

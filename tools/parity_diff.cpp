@@ -36,6 +36,7 @@ int diff_main(int argc, char** argv) {
   SelectionFlags sel;
   bool quiet = false;
   int count = 10;
+  std::string precision;
   app.add_option("A", a_path, "candidate trace (.h5)")->required();
   app.add_option("B", b_path, "reference trace (.h5); relative error is taken against B")->required();
   app.add_option("OBJECTS", sel.paths,
@@ -44,6 +45,9 @@ int diff_main(int argc, char** argv) {
   add_criterion_options(app, cf,
                         "local (default when A has replay datasets) or accumulated: which error decides");
   add_selection_options(app, sel);
+  app.add_option("--precision", precision,
+                 "judge A as this precision preset (" + preset_list() +
+                     "; default: the precision policy A declares)");
   app.add_option("--report", report, "report format: text, json, junit, html")
       ->capture_default_str()
       ->check(CLI::IsMember({"text", "json", "junit", "html"}));
@@ -54,7 +58,8 @@ int diff_main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000000));
   if (const auto done = parse_command_line(app, "parity-diff", argc, argv)) return *done;
 
-  const Criterion criterion = criterion_from_flags(cf);
+  Criterion criterion = criterion_from_flags(cf);
+  if (!precision.empty()) criterion.policy = PrecisionPolicy::preset(precision);
   const DiffSelection selection = selection_from_flags(sel);
   const ReportFormat format = parse_report_format(report);
 

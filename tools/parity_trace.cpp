@@ -17,6 +17,7 @@
 
 #include "model/error.h"
 #include "model/lockstep.h"
+#include "model/recompute.h"
 #include "model/untrusted.h"
 #include "tools/common.h"
 #include "tools/version.h"
@@ -71,45 +72,9 @@ class OutputLock {
   int fd_ = -1;
 };
 
-// The reference's observer for a capture: every wanted row into the trace, with its magnitude
-// row (for the derived bounds). Rows of one step are positions first, first + 1, ... of
-// sequence 0, so a row's index is its position minus the step's first.
-class ReferenceRecorder final : public Observer {
- public:
-  ReferenceRecorder(Backend& reference, TraceWriter& writer)
-      : reference_(reference), writer_(writer) {}
-  void begin_step(int first) { first_ = first; }
-  bool wants(int position, int layer, Stage s) const override {
-    return writer_.wants(position, layer, s);
-  }
-  void record(const StageKey& key, const StageData& data) override {
-    writer_.record(key, data);
-    if (auto m = reference_.magnitude(key.stage, key.layer, key.position - first_)) {
-      StageKey mk = key;
-      mk.series = Series::magnitude;
-      writer_.record(mk, *m);
-    }
-  }
-
- private:
-  Backend& reference_;
-  TraceWriter& writer_;
-  int first_ = 0;
-};
-
-// The tolerance a capture is judged by when no criterion is asked for: the profile of the
-// precision the port stores its activations in (a capture has no replay, so only the
-// accumulated error exists; see README "Tracing your own port").
-Criterion capture_criterion(const TraceReader& capture) {
-  const double u = capture.meta().precision_policy
-                       ? capture.meta().precision_policy->storage_unit_roundoff
-                       : 0x1p-24;
-  Criterion c = Criterion::fixed(tolerance_profile(u >= 0x1p-11 ? "bf16" : "fp32"));
-  c.judge = Judge::accumulated;
-  return c;
-}
-
-// parity-trace --candidate-trace FILE: the reference on the capture's tokens, then the diff.
+// parity-trace --candidate-trace FILE: the reference on the capture's tokens and, from the
+// capture's own inputs, every stage it recorded (model/recompute.h); then the diff, each stage
+// judged by its local error where the capture holds its inputs.
 int trace_capture(const TraceReader& capture, const std::string& model,
                   const std::string& models_dir, const std::vector<int32_t>& tokens_flag,
                   bool tokens_given, const Criterion& criterion, int step_rows,
@@ -171,9 +136,6 @@ int trace_capture(const TraceReader& capture, const std::string& model,
   }
   if (positions.empty())
     fail("{}: the capture holds no stage rows; nothing to compare", capture_path);
-  if (criterion.judge == Judge::local && !capture.has_series(Series::replay))
-    fail("--judge local: {} is a capture without replay; its local errors are unknown",
-         capture_path);
 
   fs::create_directories(out);
   const OutputLock lock(out);
@@ -188,37 +150,44 @@ int trace_capture(const TraceReader& capture, const std::string& model,
   t0 = std::chrono::steady_clock::now();
   auto reference = make_backend("reference", *m);
   phases.push_back({"reference setup", since(t0)});
-  t0 = std::chrono::steady_clock::now();
   TraceMeta meta = trace_meta(*reference, *m);
-  meta.run = {{"candidate_trace", capture_path}, {"step_rows", step_rows}};
   meta.run_id = cm.run_id.empty() ? new_run_id() : cm.run_id;
+  // The capture's inputs are rounded to the storage it declares (or the one --precision names).
+  const PrecisionPolicy policy =
+      criterion.policy.value_or(cm.precision_policy.value_or(PrecisionPolicy::float32(4)));
   {
     TraceWriter writer(ref_path.string(), meta, positions);
-    ReferenceRecorder recorder(*reference, writer);
-    reference->reset();
-    const int n = int(tokens.size()), last = *positions.rbegin();
-    for (int first = 0; first <= last; first += step_rows) {
-      Batch b;
-      for (int i = first; i < std::min(n, first + step_rows); ++i) {
-        b.tokens.push_back(tokens[size_t(i)]);
-        b.positions.push_back(i);
-        b.seqs.push_back(0);
-      }
-      recorder.begin_step(first);
-      forward(*reference, b, &recorder);
-    }
+    RecomputeOptions ro;
+    ro.tokens = tokens;
+    ro.traced = positions;
+    ro.step_rows = step_rows;
+    ro.policy = policy;
+    const TraceCandidateRows rows(capture);
+    const RecomputeResult rr = run_recompute(*reference, rows, writer, ro);
+    phases.push_back({"reference (free and recomputed rows)", rr.seconds});
+    t0 = std::chrono::steady_clock::now();
+    writer.set_run({{"candidate_trace", capture_path},
+                    {"step_rows", step_rows},
+                    {"recompute",
+                     {{"precision", policy.to_json()},
+                      {"input_values", rr.input_values},
+                      {"not_in_storage", rr.not_in_storage},
+                      {"first_not_in_storage", rr.first_not_in_storage},
+                      {"bfloat16_values", rr.bfloat16_values}}}});
     std::vector<int32_t> all_positions(tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i) all_positions[i] = int32_t(i);
     writer.set_tokens(tokens, all_positions);
     writer.finish();
+    phases.push_back({"tracing", since(t0)});
   }
-  phases.push_back({"reference", since(t0)});
 
   t0 = std::chrono::steady_clock::now();
   const TraceReader b(ref_path.string());
   DiffOptions options;
   options.capture = true;
-  DiffResult result = diff_traces(capture, b, criterion, options);
+  Criterion judged_by = criterion;
+  judged_by.policy = policy;
+  DiffResult result = diff_traces(capture, b, judged_by, options);
   phases.push_back({"diff", since(t0)});
   if (result.datasets.size() == result.not_captured)
     fail("{}: none of the capture's datasets is one the reference traced", capture_path);
@@ -302,7 +271,10 @@ int trace_main(int argc, char** argv) {
                  "output directory for reference.h5, candidate.h5 and the reports (report.txt, "
                  ".json, .xml (JUnit), .html)")
       ->required();
-  std::string candidate_trace;
+  std::string candidate_trace, precision;
+  app.add_option("--precision", precision,
+                 "with --candidate-trace: judge the capture as this precision preset (" +
+                     preset_list() + "; default: the one it declares)");
   auto* o_capture = app.add_option(
       "--candidate-trace", candidate_trace,
       "diff a capture of your own port (parity_capture.h, python/parity_capture) instead of "
@@ -322,18 +294,14 @@ int trace_main(int argc, char** argv) {
            {"--candidate", "--inject", "--generate", "--free-run", "--no-replay"})
         if (app.get_option(flag)->count() > 0)
           fail("{} does not apply to --candidate-trace (the capture is the candidate)", flag);
-      bool asked = false;
-      for (const char* flag : {"--tolerance", "--profile", "--atol", "--rtol", "--stage-tol",
-                               "--lambda", "--bound-safety"})
-        asked |= app.get_option(flag)->count() > 0;
       const TraceReader capture(candidate_trace);  // refuses a truncated or foreign file, naming it
-      Criterion criterion = asked ? criterion_from_flags(cf) : capture_criterion(capture);
-      if (asked && cf.judge.empty()) criterion.judge = Judge::accumulated;
-      if (!cf.judge.empty())
-        criterion.judge = cf.judge == "local" ? Judge::local : Judge::accumulated;
+      Criterion criterion = criterion_from_flags(cf);
+      if (!precision.empty()) criterion.policy = PrecisionPolicy::preset(precision);
       return trace_capture(capture, model, models_dir, tokens, o_tokens->count() > 0, criterion,
                            step_rows, out, junit_path);
     }
+    if (!precision.empty())
+      fail("--precision applies to --candidate-trace (the precision a capture is judged as)");
     if (o_tokens->count() == 0 && o_token->count() == 0)
       fail("give --tokens t0,t1,... or --token T --pos P");
     if (candidate.empty()) candidate = default_candidate();

@@ -13,6 +13,8 @@
 #include <tuple>
 
 #include "model/error.h"
+#include "model/recompute.h"
+#include "model/untrusted.h"
 
 namespace parity {
 namespace {
@@ -324,7 +326,7 @@ double side_severity(const SideDiff& s, bool decision) {
     if (!s.decision || s.decision->slots == 0) return 0;
     return s.decision->explained ? 0.5 : kInf;
   }
-  return s.values.share;
+  return s.share();
 }
 }  // namespace
 
@@ -400,33 +402,40 @@ std::string DiffSelection::describe() const {
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
-DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criterion& criterion,
-                       const DiffOptions& options) {
-  check_same_model(a, b);
-  const Config config = Config::from_json(b.meta().config, b.path() + " (config)");
-  DiffResult result;
-  result.a = {a.path(), a.meta().backend, a.meta().precision};
-  result.b = {b.path(), b.meta().backend, b.meta().precision};
-  result.criterion = criterion;
-  result.num_layers = layers_in(a, b);
-  result.a_has_replay = a.has_series(Series::replay);
-  result.capture = options.capture;
-  result.judged = criterion.judge.value_or(result.a_has_replay ? Judge::local : Judge::accumulated);
-  if (result.judged == Judge::local && !result.a_has_replay)
-    fail("{}: the candidate trace has no replay datasets, so its local errors are unknown (trace "
-         "with replay, or judge the accumulated error)",
-         a.path());
-  result.policy = criterion.policy.value_or(
-      a.meta().precision_policy.value_or(PrecisionPolicy::float32(4)));
-  const bool derived = criterion.kind == Criterion::Kind::derived;
+bool is_capture(const TraceMeta& meta) {
+  return meta.run.is_object() && meta.run.contains("capture");
+}
 
-  // Pair by path: the union of both sides' outputs, each keyed as the side that has it (the
-  // reference when both do).
+std::string_view local_source_name(LocalSource s) {
+  switch (s) {
+    case LocalSource::none: return "none";
+    case LocalSource::replay: return "replay";
+    case LocalSource::recompute: return "recompute";
+  }
+  return "none";
+}
+
+double ScaleCheck::share() const {
+  const double e = std::fabs(estimate);
+  return bound > 0 ? e / bound : (e == 0 ? 0 : kInf);
+}
+
+double SideDiff::share() const {
+  return scale ? std::max(values.share, scale->share()) : values.share;
+}
+
+namespace {
+
+// The datasets of both traces, paired by path (each keyed as the side that has it; the
+// reference when both do), selected and sorted in execution order.
+std::vector<DatasetDiff> pair_datasets(const TraceReader& a, const TraceReader& b,
+                                       const DiffOptions& options, DiffResult& result) {
+  std::vector<DatasetDiff> out;
   for (const auto& e : b.entries()) {
     DatasetDiff d;
     d.path = e.path;
     d.key = e.key;
-    result.datasets.push_back(std::move(d));
+    out.push_back(std::move(d));
   }
   for (const auto& e : a.entries()) {
     if (b.has(e.path)) continue;
@@ -435,180 +444,349 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
     d.key = e.key;
     d.status = DatasetStatus::MissingInB;
     d.missing_path = e.path;
-    result.datasets.push_back(std::move(d));
+    out.push_back(std::move(d));
   }
   if (!options.selection.empty()) {
-    const auto kept = std::remove_if(result.datasets.begin(), result.datasets.end(),
-                                     [&](const DatasetDiff& d) { return !options.selection.selects(d.path, d.key); });
-    result.not_selected = size_t(result.datasets.end() - kept);
-    result.datasets.erase(kept, result.datasets.end());
+    const auto kept = std::remove_if(out.begin(), out.end(), [&](const DatasetDiff& d) {
+      return !options.selection.selects(d.path, d.key);
+    });
+    result.not_selected = size_t(out.end() - kept);
+    out.erase(kept, out.end());
     result.selection = options.selection.describe();
-    if (result.datasets.empty())
-      fail("{} and {}: the selection ({}) matches none of the traces' datasets", a.path(), b.path(),
-           result.selection);
+    if (out.empty())
+      fail("{} and {}: the selection ({}) matches none of the traces' datasets", a.path(),
+           b.path(), result.selection);
   }
-  std::sort(result.datasets.begin(), result.datasets.end(),
-            [](const DatasetDiff& x, const DatasetDiff& y) {
-              return std::tie(x.key.position, x.key.order, x.path) <
-                     std::tie(y.key.position, y.key.order, y.path);
-            });
+  std::sort(out.begin(), out.end(), [](const DatasetDiff& x, const DatasetDiff& y) {
+    return std::tie(x.key.position, x.key.order, x.path) <
+           std::tie(y.key.position, y.key.order, y.path);
+  });
+  return out;
+}
 
-  TraceBoundSource source(b);
-  auto diff_dataset = [&](DatasetDiff& d) {
-    d.judged = result.judged;
+// The rows a recomputed stage's bound is derived from, at one position: the judged stage's own
+// output, magnitude and bias are B's recomputed ones; every other stage is an input, and its
+// values are A's own (what the reference recomputed from).
+class RecomputeBoundSource final : public BoundSource {
+ public:
+  RecomputeBoundSource(const TraceReader& a, const TraceReader& b) : a_(a), b_(b) {}
+  void at(int position, Stage judged) {
+    judged_ = judged;
+    if (position == position_) return;
+    position_ = position;
+    rows_.clear();
+  }
+  const StageData& output(Stage s, int layer) override {
+    const bool own = s == judged_;
+    const StageData* d = row(own ? b_ : a_, s, layer, own ? Series::recompute : Series::output);
+    if (d == nullptr) throw MissingBoundInput{{s, layer}, own ? Series::recompute : Series::output};
+    return *d;
+  }
+  const StageData* magnitude(Stage s, int layer) override {
+    return row(b_, s, layer, Series::recompute_magnitude);
+  }
+  const StageData* bias(Stage s, int layer) override {
+    return row(b_, s, layer, Series::recompute_bias);
+  }
+
+ private:
+  const StageData* row(const TraceReader& t, Stage s, int layer, Series series) {
+    const std::string path = trace_dataset_path(position_, layer, s, series);
+    auto it = rows_.find(path);
+    if (it != rows_.end()) return &it->second;
+    if (!t.has(path)) return nullptr;
+    return &rows_.emplace(path, t.read(path)).first->second;
+  }
+  const TraceReader &a_, &b_;
+  int position_ = -1;
+  Stage judged_ = Stage::embedding;
+  std::map<std::string, StageData> rows_;  // paths are unique across A's and B's series used
+};
+
+// An att row recorded without its sink column (NO_SINK) holds 1 - the keys' sum there: its
+// error is the keys' errors summed, and its bound their bounds'.
+void widen_derived_sink(std::vector<double>& bound, const std::vector<size_t>& dims) {
+  if (dims.size() != 2 || dims[1] == 0) return;
+  const size_t cols = dims[1];
+  for (size_t h = 0; h < dims[0]; ++h) {
+    double keys = 0;
+    for (size_t j = 0; j + 1 < cols; ++j) keys += bound[h * cols + j];
+    bound[h * cols + cols - 1] += keys;
+  }
+}
+
+// The row scale of a norm's local error (tracer/bounds.h): delta = sum e_i y_i / sum y_i^2
+// against shared + lambda sqrt(sum y_i^2 b_i^2 / 3) / sum y_i^2. One row scale per norm row
+// (about 10^4 rows in a 20b trace of 200 positions) is held at 1.5 lambda standard deviations
+// (6 with the default lambda: a sum of bounded independent roundings passes that about once in
+// 10^9 rows), where a sum's bound per element uses lambda.
+constexpr double kRowScaleLambda = 1.5;
+std::optional<ScaleCheck> row_scale(const StageData& cand, const StageData& ref,
+                                    const RowScaleBound& rb, double lambda) {
+  double ey = 0, yy = 0, var = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double y = ref.at(i), e = cand.at(i) - y;
+    if (!std::isfinite(y) || !std::isfinite(e)) return std::nullopt;  // the elements fail
+    ey += e * y;
+    yy += y * y;
+    var += y * y * rb.element[i] * rb.element[i] / 3;
+  }
+  if (yy == 0) return std::nullopt;
+  return ScaleCheck{ey / yy, rb.shared + lambda * std::sqrt(var) / yy};
+}
+
+// Judges one dataset's local and accumulated errors (the per-dataset job of diff_traces).
+class DatasetJudge {
+ public:
+  DatasetJudge(const TraceReader& a, const TraceReader& b, const Config& config,
+               const DiffResult& result, const DiffOptions& options)
+      : a_(a), b_(b), config_(config), r_(result), o_(options), source_(b),
+        recompute_source_(a, b), rows_(a) {
+    if (r_.local_source == LocalSource::recompute) {
+      int last = 0;
+      for (const auto& e : a.entries()) last = std::max(last, e.key.position);
+      coverage_.emplace(rows_, config_, last);
+    }
+  }
+
+  void judge(DatasetDiff& d) {
+    d.judged = r_.judged;
     d.amplification = kNaN;
     if (d.status == DatasetStatus::MissingInB) return;
     const StageKey& k = d.key;
-    const Stage stage = k.stage;
-    source.at_position(k.position);
-    const std::string replay_path = trace_dataset_path(k.position, k.layer, stage, Series::replay);
-    const bool has_out = a.has(d.path), has_replay = a.has(replay_path);
-    if (is_per_expert(stage)) {
-      const std::string topk = trace_dataset_path(k.position, k.layer, Stage::topk_idx);
-      if (b.has(topk)) {
-        const StageData& idx = source.output(Stage::topk_idx, k.layer);
-        for (size_t i = 0; i < idx.size(); ++i) d.slot_experts.push_back(int32_t(idx.at(i)));
-      }
+    source_.at_position(k.position);
+    recompute_source_.at(k.position, k.stage);
+    if (is_per_expert(k.stage) && b_.has(trace_dataset_path(k.position, k.layer, Stage::topk_idx))) {
+      const StageData& idx = source_.output(Stage::topk_idx, k.layer);
+      for (size_t i = 0; i < idx.size(); ++i) d.slot_experts.push_back(int32_t(idx.at(i)));
     }
-    if (!has_out && options.capture) {
+    if (!a_.has(d.path) && r_.capture) {
       d.status = DatasetStatus::NotCaptured;
       return;
     }
-    if (!has_out || (d.judged == Judge::local && !has_replay)) {
+    const std::string replay_path = trace_dataset_path(k.position, k.layer, k.stage, Series::replay);
+    const std::string recompute_path =
+        trace_dataset_path(k.position, k.layer, k.stage, Series::recompute);
+    const bool recomputed = r_.local_source == LocalSource::recompute && b_.has(recompute_path);
+    if (r_.local_source == LocalSource::recompute && !recomputed && d.judged == Judge::local) {
+      d.judged = Judge::accumulated;
+      const auto lacking = coverage_->missing(k.position, k.layer, k.stage);
+      d.local_unavailable = lacking ? lacking->describe() + " not captured"
+                                    : "the reference trace has no recompute of it";
+      d.fallback_tolerance = r_.fallback.has_value();
+    }
+    const bool has_out = a_.has(d.path),
+               has_replay = r_.local_source == LocalSource::replay && a_.has(replay_path);
+    if (!has_out || (d.judged == Judge::local && r_.local_source == LocalSource::replay && !has_replay)) {
       d.status = DatasetStatus::MissingInA;
       d.missing_path = has_out ? replay_path : d.path;
       return;
     }
-    const StageData db = b.read(d.path);
-    d.dims_b = db.dims;
-    std::optional<StageData> dl, da;
-    if (has_replay) dl = a.read(replay_path);
-    da = a.read(d.path);
-    d.dims_a = (dl ? dl : da)->dims;
-    if (da->dims != db.dims || (dl && dl->dims != db.dims)) {
+    Rows rows;
+    rows.b = b_.read(d.path);
+    rows.a = a_.read(d.path);
+    d.dims_b = rows.b.dims;
+    d.dims_a = rows.a.dims;
+    if (has_replay) rows.local_a = a_.read(replay_path);
+    if (recomputed) {
+      rows.local_a = rows.a;
+      rows.local_b = b_.read(recompute_path);
+    }
+    if (rows.a.dims != rows.b.dims || (rows.local_a && rows.local_a->dims != rows.b.dims) ||
+        (rows.local_b && rows.local_b->dims != rows.b.dims)) {
       d.status = DatasetStatus::ShapeMismatch;
-      if (da->dims != db.dims) d.dims_a = da->dims;
       return;
     }
-    if (stage == Stage::scores) {
-      if (dl) normalize_masked(*dl, db);
-      normalize_masked(*da, db);
+    if (k.stage == Stage::scores) {
+      if (rows.local_a) normalize_masked(*rows.local_a, rows.local_b ? *rows.local_b : rows.b);
+      normalize_masked(rows.a, rows.b);
     }
-
-    if (d.is_decision()) {
-      // The values decided on are needed only to judge a flip (and to report the margin).
-      const StageRef on = decided_on(stage, k.layer);
-      auto differs = [&](const StageData& x) {
-        for (size_t i = 0; i < x.size(); ++i)
-          if (x.at(i) != db.at(i)) return true;
-        return false;
-      };
-      const bool flip = differs(*da) || (dl && differs(*dl));
-      const bool have_g = b.has(trace_dataset_path(k.position, on.layer, on.stage));
-      if (flip && !have_g) throw MissingBoundInput{on, Series::output};
-      StageData none;
-      const StageData& g = have_g ? source.output(on.stage, on.layer) : none;
-      std::vector<double> allowance(g.size(), 0.0);
-      if (flip && derived) {
-        allowance = derive_bound(config, stage, k.layer, k.position, source, result.policy,
-                                 criterion.bound);
-      } else if (flip) {
-        const AbsRel t = criterion.tolerance.for_stage(on.stage);
-        for (size_t i = 0; i < g.size(); ++i) allowance[i] = t.atol + t.rtol * std::fabs(g.at(i));
-      }
-      if (dl) {
-        SideDiff s;
-        s.values = list_decisions(*dl, db, options.max_listed);
-        s.decision = compare_decision(*dl, db, g, allowance);
-        s.failed = s.decision->slots > 0 && !s.decision->explained;
-        d.local = s;
-      }
-      {
-        // The accumulated decision is explained by the candidate's own error of the values it
-        // decided on, as measured.
-        std::vector<double> measured(g.size(), 0.0);
-        const std::string on_path = trace_dataset_path(k.position, on.layer, on.stage);
-        if (flip && a.has(on_path)) {
-          const StageData ga = a.read(on_path);
-          if (ga.size() == g.size())
-            for (size_t i = 0; i < g.size(); ++i) {
-              const double e = std::fabs(ga.at(i) - g.at(i));
-              measured[i] = std::isfinite(e) ? e : 0.0;
-            }
-        }
-        SideDiff s;
-        s.values = list_decisions(*da, db, options.max_listed);
-        s.decision = compare_decision(*da, db, g, measured);
-        s.failed = s.decision->slots > 0 && !s.decision->explained;
-        d.accumulated = s;
-      }
-    } else {
-      std::vector<double> bound;
-      if (derived) {
-        bound = derive_bound(config, stage, k.layer, k.position, source, result.policy,
-                             criterion.bound);
-      } else {
-        const AbsRel t = criterion.tolerance.for_stage(stage);
-        bound.resize(db.size());
-        for (size_t i = 0; i < db.size(); ++i) bound[i] = t.atol + t.rtol * std::fabs(db.at(i));
-      }
-      if (bound.size() != db.size())
-        fail("{}: {}: the bound has {} values for {} elements", b.path(), d.path, bound.size(),
-             db.size());
-      if (dl) {
-        SideDiff s;
-        s.values = compare_values(*dl, db, bound, options.max_listed);
-        s.failed = s.values.mismatches > 0;
-        d.local = s;
-      }
-      // Rows of expert slots the free candidate routed elsewhere compare different experts.
-      std::vector<uint8_t> include;
-      if (is_per_expert(stage) && db.dims.size() == 2) {
-        const std::string topk = trace_dataset_path(k.position, k.layer, Stage::topk_idx);
-        if (a.has(topk) && b.has(topk)) {
-          const StageData ia = a.read(topk);
-          const StageData& ib = source.output(Stage::topk_idx, k.layer);
-          include.assign(db.size(), 1);
-          const size_t cols = db.dims[1];
-          for (size_t slot = 0; slot < db.dims[0] && slot < ia.size() && slot < ib.size(); ++slot)
-            if (ia.at(slot) != ib.at(slot)) {
-              ++d.rerouted_slots;
-              std::fill_n(include.begin() + std::ptrdiff_t(slot * cols), cols, uint8_t(0));
-            }
-          if (d.rerouted_slots == 0) include.clear();
-        }
-      }
-      SideDiff s;
-      s.values = compare_values(*da, db, bound, options.max_listed, include);
-      s.failed = s.values.mismatches > 0;
-      d.accumulated = s;
-      if (d.local) {
-        const double l = d.local->values.max_abs_err, acc = d.accumulated->values.max_abs_err;
-        d.amplification = l > 0 ? acc / l : (acc > 0 ? kInf : kNaN);
-      }
-    }
+    if (d.is_decision())
+      judge_decision(d, rows);
+    else
+      judge_values(d, rows);
     const SideDiff* judged = d.judged_side();
     d.status = judged->failed ? DatasetStatus::Fail : DatasetStatus::Pass;
-    if (judged->decision && judged->decision->drift()) ++result.drift_decisions;
-    };
-  for (DatasetDiff& d : result.datasets) {
-    try {
-      diff_dataset(d);
-    } catch (const MissingBoundInput& m) {
-      // The bound or the decision of this dataset needs a reference row B lacks: an explicit
-      // failure line, never a silent pass.
-      d.status = DatasetStatus::MissingInB;
-      d.missing_path = trace_dataset_path(d.key.position, m.ref.layer, m.ref.stage, m.series);
-      d.local.reset();
-      d.accumulated.reset();
+  }
+
+ private:
+  struct Rows {
+    StageData a, b;                  // A's and B's output
+    std::optional<StageData> local_a;  // A's local result: its replay, or its output (recompute)
+    std::optional<StageData> local_b;  // what it is held to under recompute: B's recompute
+    const StageData& local_ref() const { return local_b ? *local_b : b; }
+  };
+
+  bool derived() const { return r_.criterion.kind == Criterion::Kind::derived; }
+  BoundOptions bound_options(bool recompute) const {
+    BoundOptions o = r_.criterion.bound;
+    o.own_inputs = recompute;
+    return o;
+  }
+  BoundSource& bound_source(bool recompute) {
+    return recompute ? static_cast<BoundSource&>(recompute_source_) : source_;
+  }
+
+  // A fixed atol + rtol |ref| per element.
+  static std::vector<double> fixed_bound(const Tolerance& t, Stage s, const StageData& ref) {
+    const AbsRel tol = t.for_stage(s);
+    std::vector<double> b(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) b[i] = tol.atol + tol.rtol * std::fabs(ref.at(i));
+    return b;
+  }
+
+  std::vector<double> bound_for(const DatasetDiff& d, const StageData& ref, bool recompute,
+                                bool fallback) {
+    const StageKey& k = d.key;
+    std::vector<double> bound;
+    if (fallback)
+      bound = fixed_bound(*r_.fallback, k.stage, ref);
+    else if (derived())
+      bound = derive_bound(config_, k.stage, k.layer, k.position, bound_source(recompute),
+                           r_.policy, bound_options(recompute));
+    else
+      bound = fixed_bound(r_.criterion.tolerance, k.stage, ref);
+    if (bound.size() != ref.size())
+      fail("{}: {}: the bound has {} values for {} elements", b_.path(), d.path, bound.size(),
+           ref.size());
+    if (k.stage == Stage::att && a_.layout(d.path).find("NO_SINK") != std::string::npos)
+      widen_derived_sink(bound, ref.dims);
+    return bound;
+  }
+
+  void judge_values(DatasetDiff& d, Rows& rows) {
+    const StageKey& k = d.key;
+    const bool recompute = rows.local_b.has_value();
+    if (rows.local_a) {
+      const std::vector<double> bound = bound_for(d, rows.local_ref(), recompute, false);
+      SideDiff s;
+      s.values = compare_values(*rows.local_a, rows.local_ref(), bound, o_.max_listed);
+      if (derived())
+        if (auto rb = row_scale_bound(config_, k.stage, k.layer, bound_source(recompute),
+                                      r_.policy, bound_options(recompute)))
+          s.scale = row_scale(*rows.local_a, rows.local_ref(), *rb,
+                              kRowScaleLambda * r_.criterion.bound.lambda);
+      s.failed = s.values.mismatches > 0 || (s.scale && s.scale->failed());
+      d.local = s;
+    }
+    // Rows of expert slots the free candidate routed elsewhere compare different experts.
+    std::vector<uint8_t> include;
+    if (is_per_expert(k.stage) && rows.b.dims.size() == 2) {
+      const std::string topk = trace_dataset_path(k.position, k.layer, Stage::topk_idx);
+      if (a_.has(topk) && b_.has(topk)) {
+        const StageData ia = a_.read(topk);
+        const StageData& ib = source_.output(Stage::topk_idx, k.layer);
+        include.assign(rows.b.size(), 1);
+        const size_t cols = rows.b.dims[1];
+        for (size_t slot = 0; slot < rows.b.dims[0] && slot < ia.size() && slot < ib.size(); ++slot)
+          if (ia.at(slot) != ib.at(slot)) {
+            ++d.rerouted_slots;
+            std::fill_n(include.begin() + std::ptrdiff_t(slot * cols), cols, uint8_t(0));
+          }
+        if (d.rerouted_slots == 0) include.clear();
+      }
+    }
+    SideDiff s;
+    const std::vector<double> bound = bound_for(d, rows.b, false, d.fallback_tolerance);
+    s.values = compare_values(rows.a, rows.b, bound, o_.max_listed, include);
+    s.failed = s.values.mismatches > 0;
+    d.accumulated = s;
+    if (d.local) {
+      const double l = d.local->values.max_abs_err, acc = d.accumulated->values.max_abs_err;
+      d.amplification = l > 0 ? acc / l : (acc > 0 ? kInf : kNaN);
     }
   }
 
+  void judge_decision(DatasetDiff& d, Rows& rows) {
+    const StageKey& k = d.key;
+    const StageRef on = decided_on(k.stage, k.layer);
+    auto differs = [](const StageData& x, const StageData& y) {
+      for (size_t i = 0; i < x.size(); ++i)
+        if (x.at(i) != y.at(i)) return true;
+      return false;
+    };
+    if (rows.local_a) {
+      // The values decided on: the reference's (replay), or A's own (recompute: B's decision is
+      // the top-k or argmax of A's values).
+      const bool recompute = rows.local_b.has_value();
+      const StageData& ref = rows.local_ref();
+      const bool flip = differs(*rows.local_a, ref);
+      StageData none;
+      const StageData* g = &none;
+      std::vector<double> allowance;
+      if (recompute) {
+        if (flip) g = &recompute_source_.output(on.stage, on.layer);
+      } else if (flip || b_.has(trace_dataset_path(k.position, on.layer, on.stage))) {
+        if (!b_.has(trace_dataset_path(k.position, on.layer, on.stage)))
+          throw MissingBoundInput{on, Series::output};
+        g = &source_.output(on.stage, on.layer);
+      }
+      allowance.assign(g->size(), 0.0);
+      if (flip) allowance = decision_allowance(d, *g, recompute);
+      SideDiff s;
+      s.values = list_decisions(*rows.local_a, ref, o_.max_listed);
+      s.decision = compare_decision(*rows.local_a, ref, *g, allowance);
+      s.failed = s.decision->slots > 0 && !s.decision->explained;
+      d.local = s;
+    }
+    // The accumulated decision is explained by the candidate's own error of the values it
+    // decided on, as measured.
+    const bool flip = differs(rows.a, rows.b);
+    const bool have_g = b_.has(trace_dataset_path(k.position, on.layer, on.stage));
+    if (flip && !have_g) throw MissingBoundInput{on, Series::output};
+    StageData none;
+    const StageData& g = have_g ? source_.output(on.stage, on.layer) : none;
+    std::vector<double> measured(g.size(), 0.0);
+    const std::string on_path = trace_dataset_path(k.position, on.layer, on.stage);
+    if (flip && a_.has(on_path)) {
+      const StageData ga = a_.read(on_path);
+      if (ga.size() == g.size())
+        for (size_t i = 0; i < g.size(); ++i) {
+          const double e = std::fabs(ga.at(i) - g.at(i));
+          measured[i] = std::isfinite(e) ? e : 0.0;
+        }
+    }
+    SideDiff s;
+    s.values = list_decisions(rows.a, rows.b, o_.max_listed);
+    s.decision = compare_decision(rows.a, rows.b, g, measured);
+    s.failed = s.decision->slots > 0 && !s.decision->explained;
+    d.accumulated = s;
+  }
+
+  // What a local decision's flip may be explained by: the bound of the values decided on.
+  std::vector<double> decision_allowance(const DatasetDiff& d, const StageData& g, bool recompute) {
+    const StageKey& k = d.key;
+    const StageRef on = decided_on(k.stage, k.layer);
+    if (!derived()) return fixed_bound(r_.criterion.tolerance, on.stage, g);
+    try {
+      return derive_bound(config_, k.stage, k.layer, k.position, bound_source(recompute),
+                          r_.policy, bound_options(recompute));
+    } catch (const MissingBoundInput&) {
+      if (!recompute) throw;
+      // A's values decided on, without what bounds their sums (their own inputs not captured):
+      // their storage rounding is what a decision on them may differ by.
+      std::vector<double> a(g.size());
+      const StagePrecision& p = r_.policy.at(on.stage);
+      for (size_t i = 0; i < g.size(); ++i) a[i] = p.storage * std::fabs(g.at(i)) + p.min_normal;
+      return a;
+    }
+  }
+
+  const TraceReader &a_, &b_;
+  const Config& config_;
+  const DiffResult& r_;
+  const DiffOptions& o_;
+  TraceBoundSource source_;
+  RecomputeBoundSource recompute_source_;
+  TraceCandidateRows rows_;
+  std::optional<RecomputeCoverage> coverage_;
+};
+
+// The first failing dataset in execution order: the culprit.
+std::optional<FirstDivergence> first_divergence(const DiffResult& result, const TraceReader& a,
+                                                const TraceReader& b) {
   for (const DatasetDiff& d : result.datasets) {
-    result.not_captured += d.status == DatasetStatus::NotCaptured;
-    if (!result.first_drift_path && d.accumulated && d.accumulated->failed)
-      result.first_drift_path = d.path;
-    if (result.first_divergence || !d.failed()) continue;
+    if (!d.failed()) continue;
     FirstDivergence f;
     f.path = d.path;
     f.position = d.key.position;
@@ -623,8 +801,9 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
         f.element = s.values.first_mismatch;
         f.share = kInf;
       } else {
-        f.share = s.values.share;
+        f.share = s.share();
         f.element = s.values.worst ? s.values.worst : s.values.first_mismatch;
+        if (s.scale && s.scale->failed()) f.scale = s.scale;
       }
       if (f.element && is_per_expert(d.key.stage) && d.dims_b.size() == 2 && d.dims_b[1] > 0) {
         const size_t slot = f.element->index / d.dims_b[1];
@@ -636,8 +815,95 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
           f.accumulated_abs_err = std::fabs(da.at(f.element->index) - db.at(f.element->index));
       }
     }
-    result.first_divergence = f;
+    return f;
   }
+  return std::nullopt;
+}
+
+// What the recompute saw of the capture's values against the storage it declares (B's run
+// attribute, written by parity-trace --candidate-trace), as warnings.
+void precision_warnings(const TraceReader& a, const TraceReader& b, DiffResult& result) {
+  const nlohmann::json& run = b.meta().run;
+  if (!run.is_object() || !run.contains("recompute") || !run["recompute"].is_object()) return;
+  const nlohmann::json& rc = run["recompute"];
+  auto count = [&](const char* key) -> double {
+    return rc.contains(key) && rc[key].is_number() ? rc[key].get<double>() : 0.0;
+  };
+  const double values = count("input_values"), outside = count("not_in_storage"),
+               bf16 = count("bfloat16_values");
+  const double storage = result.policy.coarsest_storage();
+  const std::string declared = result.policy.name.empty() ? result.policy.describe() : result.policy.name;
+  if (outside > 0) {
+    std::string first = rc.contains("first_not_in_storage") && rc["first_not_in_storage"].is_string()
+                            ? rc["first_not_in_storage"].get<std::string>()
+                            : std::string();
+    result.warnings.push_back(fmt::format(
+        "{} declares {} storage, but {:.0f} of its {:.0f} input values are not numbers of that "
+        "format (the first in {}); the reference recomputed from them rounded as declared: "
+        "declare the precision the port stores in",
+        a.path(), declared, outside, values, one_line(first, 80)));
+  }
+  if (values >= 64 && bf16 == values && storage < kUnitBfloat16)
+    result.warnings.push_back(fmt::format(
+        "{} declares {}, but every one of its {:.0f} input values is a bfloat16 number: the "
+        "port seems to store bfloat16; declare it (bfloat16, vllm-like, transformers-bf16) so "
+        "that the bounds fit what it does",
+        a.path(), declared, values));
+}
+
+}  // namespace
+
+DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criterion& criterion,
+                       const DiffOptions& options) {
+  check_same_model(a, b);
+  const Config config = Config::from_json(b.meta().config, b.path() + " (config)");
+  DiffResult result;
+  result.a = {a.path(), a.meta().backend, a.meta().precision};
+  result.b = {b.path(), b.meta().backend, b.meta().precision};
+  result.criterion = criterion;
+  result.num_layers = layers_in(a, b);
+  result.a_has_replay = a.has_series(Series::replay);
+  result.capture = options.capture || is_capture(a.meta());
+  result.local_source = result.a_has_replay                    ? LocalSource::replay
+                        : b.has_series(Series::recompute) ? LocalSource::recompute
+                                                               : LocalSource::none;
+  result.judged = criterion.judge.value_or(
+      result.local_source == LocalSource::none ? Judge::accumulated : Judge::local);
+  if (result.judged == Judge::local && result.local_source == LocalSource::none)
+    fail("{}: the candidate trace has no replay datasets and {} recomputes none of its stages, "
+         "so its local errors are unknown (trace with replay, recompute a capture with "
+         "parity-trace --candidate-trace, or judge the accumulated error)",
+         a.path(), b.path());
+  result.policy = criterion.policy.value_or(
+      a.meta().precision_policy.value_or(PrecisionPolicy::float32(4)));
+  if (result.capture && criterion.kind == Criterion::Kind::derived)
+    result.fallback =
+        tolerance_profile(result.policy.coarsest_storage() >= kUnitFloat16 ? "bf16" : "fp32");
+  if (result.local_source == LocalSource::recompute) precision_warnings(a, b, result);
+
+  result.datasets = pair_datasets(a, b, options, result);
+  DatasetJudge judge(a, b, config, result, options);
+  for (DatasetDiff& d : result.datasets) {
+    try {
+      judge.judge(d);
+    } catch (const MissingBoundInput& m) {
+      // The bound or the decision of this dataset needs a reference row B lacks: an explicit
+      // failure line, never a silent pass.
+      d.status = DatasetStatus::MissingInB;
+      d.missing_path = trace_dataset_path(d.key.position, m.ref.layer, m.ref.stage, m.series);
+      d.local.reset();
+      d.accumulated.reset();
+    }
+  }
+  for (const DatasetDiff& d : result.datasets) {
+    result.not_captured += d.status == DatasetStatus::NotCaptured;
+    if (d.status != DatasetStatus::Fail && d.status != DatasetStatus::Pass) continue;
+    const SideDiff* s = d.judged_side();
+    if (s != nullptr && s->decision && s->decision->drift()) ++result.drift_decisions;
+    if (!result.first_drift_path && d.accumulated && d.accumulated->failed)
+      result.first_drift_path = d.path;
+  }
+  result.first_divergence = first_divergence(result, a, b);
   return result;
 }
 

@@ -2,8 +2,14 @@
 // walks them in execution order, and judges each stage by the error that stage itself made.
 //
 // Two errors per dataset:
-//   local        A's replay dataset (the candidate stage run on the reference's inputs,
-//                model/lockstep.h) against B: this stage's own error.
+//   local        this stage's own error, one of two ways:
+//                  replay     A's replay dataset (the candidate stage run on the reference's
+//                             inputs, model/lockstep.h) against B's output
+//                  recompute  A's output against B's recompute dataset (the reference's stage
+//                             run on A's own inputs, model/recompute.h): how a capture of a port
+//                             we cannot run is judged; where B has no recompute dataset (A lacks
+//                             an input), the dataset is judged by its accumulated error and the
+//                             missing input is named
 //   accumulated  A's output dataset (the candidate running free) against B: this stage's error
 //                plus everything it inherited. Reported beside the local error with the
 //                amplification (accumulated / local, max abs), so the reader sees where drift
@@ -23,10 +29,17 @@
 // those values for the local decision, within the candidate's measured error of them for the
 // accumulated one), otherwise a failure; the same experts in another order is named so.
 // Datasets present on one side only, or with different shapes, fail -- except for a capture
-// (DiffOptions::capture: A traced by a user's own port through the capture API, which records
-// the stages it chooses): a dataset the reference has and the capture lacks is "not captured",
-// listed and counted but neither a pass nor a failure, and the first divergence is found among
-// the captured ones.
+// (A traced by a user's own port through the capture API, which records the stages it chooses:
+// DiffOptions::capture, or A's run attribute says so): a dataset the reference has and the
+// capture lacks is "not captured", listed and counted but neither a pass nor a failure, and the
+// first divergence is found among the captured ones. A capture's dataset without a local error
+// is judged, under derived bounds, against the tolerance profile of the storage it declares
+// (derived bounds bound a stage's own error, not the drift it inherited).
+//
+// The norms' row scale (tracer/bounds.h): under derived bounds the local error of attn_norm,
+// ffn_norm and final_norm is also fitted as one relative error of the whole row, which must stay
+// within r's own error plus what the elements' roundings leave in the fit: an eps or a truncation
+// that moves every element a little fails here when no single element shows it.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -100,6 +113,14 @@ ValueComparison compare_values(const StageData& a, const StageData& b,
 // in float32.
 uint64_t ulp_distance(float x, float y);
 
+// The fit of a row's local error as one relative error of the row (the norms' row scale).
+struct ScaleCheck {
+  double estimate = 0;  // delta = sum e_i y_i / sum y_i^2
+  double bound = 0;     // what a correct norm allows
+  double share() const;  // |estimate| / bound
+  bool failed() const { return share() > 1; }
+};
+
 // A decision stage (topk_idx, sampled) compared as decisions.
 struct DecisionDiff {
   size_t slots = 0;               // slots whose choice differs
@@ -115,7 +136,9 @@ struct DecisionDiff {
 struct SideDiff {
   ValueComparison values;
   std::optional<DecisionDiff> decision;
+  std::optional<ScaleCheck> scale;  // norms under derived bounds, local side
   bool failed = false;
+  double share() const;  // the larger of the values' and the row scale's
 };
 
 struct DatasetDiff {
@@ -125,8 +148,14 @@ struct DatasetDiff {
   std::string missing_path;  // the dataset that is missing, for Missing* statuses
   std::vector<size_t> dims_a, dims_b;
   Judge judged = Judge::local;
-  std::optional<SideDiff> local;        // A has its replay dataset
+  std::optional<SideDiff> local;        // A has its replay dataset, or B its recompute dataset
   std::optional<SideDiff> accumulated;  // A has its output dataset
+  // Why a dataset judged by its accumulated error has no local one: "qkv of layer 0 at position 3
+  // not captured". Empty otherwise.
+  std::string local_unavailable;
+  // Judged by the accumulated error against DiffResult::fallback (a capture's dataset without a
+  // local error, under derived bounds).
+  bool fallback_tolerance = false;
   // Expert stages (mlp1, swiglu, mlp2): the reference's expert id per row (slot of topk_idx);
   // empty when the reference has no topk_idx for this position and layer.
   std::vector<int32_t> slot_experts;
@@ -159,6 +188,7 @@ struct FirstDivergence {
   std::optional<int32_t> expert;           // expert stages: reference expert id of the row
   std::optional<ElementMismatch> element;  // absent for missing or shape-mismatched datasets
   double share = 0;                        // judged error / bound at the worst element
+  std::optional<ScaleCheck> scale;         // a norm's row scale, when it failed
   std::optional<double> accumulated_abs_err;  // at the same element, when A has it
   double amplification = 0;
 };
@@ -169,11 +199,22 @@ struct TraceSide {
   std::string precision;
 };
 
+// Where the local errors come from.
+enum class LocalSource { none, replay, recompute };
+std::string_view local_source_name(LocalSource s);  // "none", "replay", "recompute"
+
 struct DiffResult {
   TraceSide a, b;  // a = candidate, b = reference
   Criterion criterion;
   Judge judged = Judge::local;
   bool a_has_replay = false;
+  LocalSource local_source = LocalSource::none;
+  // The criterion of a capture's datasets without a local error, under derived bounds: the
+  // tolerance profile of the storage the capture declares.
+  std::optional<Tolerance> fallback;
+  // One line each: what the reader should know before trusting the verdict (a capture whose
+  // values contradict the precision it declares).
+  std::vector<std::string> warnings;
   PrecisionPolicy policy;             // the candidate's, as the bounds used it
   int num_layers = 0;                 // from the traces' config
   std::vector<DatasetDiff> datasets;  // in (position, order) order
@@ -184,7 +225,7 @@ struct DiffResult {
   // What DiffOptions::selection left out: its description and how many datasets it skipped.
   std::string selection;  // empty: everything was compared
   size_t not_selected = 0;
-  bool capture = false;     // A is a capture (DiffOptions::capture)
+  bool capture = false;     // A is a capture (DiffOptions::capture, or A's run attribute)
   size_t not_captured = 0;  // datasets of B that the capture lacks
 
   bool diverged() const { return first_divergence.has_value(); }
@@ -215,8 +256,12 @@ struct DiffOptions {
   size_t max_listed = 10;  // mismatching elements kept per dataset for the text report
   DiffSelection selection;
   // A is a capture of a user's port: B's datasets that A lacks are not captured, not missing.
+  // Also when A's run attribute holds "capture" (what the capture writers record).
   bool capture = false;
 };
+
+// Whether a trace was written by a port through the capture API (its run attribute says so).
+bool is_capture(const TraceMeta& meta);
 
 // Throws parity::Error naming both files when the traces are of different models (config or
 // checkpoint fingerprint differ) or of different tokens at the same position, or when a derived

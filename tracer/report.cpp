@@ -141,7 +141,23 @@ std::string xml_escape(std::string_view s) {
   return out;
 }
 
+size_t accumulated_fallbacks(const DiffResult& r) {
+  return size_t(std::count_if(r.datasets.begin(), r.datasets.end(),
+                              [](const DatasetDiff& d) { return !d.local_unavailable.empty(); }));
+}
+
 std::string judged_text(const DiffResult& r) {
+  if (r.judged == Judge::local && r.local_source == LocalSource::recompute) {
+    std::string s =
+        "judged by local error: each stage the capture recorded, recomputed by the reference "
+        "from the capture's own inputs (B's recompute datasets): A's output minus that is the "
+        "port's own error at that stage, free of what it inherited";
+    if (const size_t n = accumulated_fallbacks(r); n > 0)
+      s += fmt::format("; {} dataset(s) whose inputs the capture lacks are judged by their "
+                       "accumulated error{}, each naming the input",
+                       n, r.fallback ? " against " + r.fallback->describe() : std::string());
+    return s;
+  }
   if (r.capture && r.judged == Judge::accumulated)
     return "judged by accumulated error: A is a capture of a port, which cannot be re-run on the "
            "reference's inputs (no replay), so error inherited from earlier stages counts as each "
@@ -156,17 +172,23 @@ std::string judged_text(const DiffResult& r) {
   return "judged by accumulated error (asked for)";
 }
 
-// The largest judged share over the datasets of computing stages (copies use their whole
-// rounding bound by design), and where.
+// The largest judged share over the compared datasets of computing stages (copies use their
+// whole rounding bound by design), failed ones included, and where.
 const DatasetDiff* worst_dataset(const DiffResult& r) {
   const DatasetDiff* worst = nullptr;
   for (const auto& d : r.datasets) {
-    if (d.failed() || d.is_decision() || bound_is_rounding(d.key.stage)) continue;
+    if (!d.compared() || d.is_decision() || bound_is_rounding(d.key.stage)) continue;
     const SideDiff* s = d.judged_side();
     if (s == nullptr) continue;
-    if (worst == nullptr || s->values.share > worst->judged_side()->values.share) worst = &d;
+    if (worst == nullptr || s->share() > worst->judged_side()->share()) worst = &d;
   }
   return worst;
+}
+
+std::string scale_text(const ScaleCheck& c) {
+  return fmt::format("row scale: the row's common relative error {} against {} allowed ({}x){}",
+                     num(c.estimate), num(c.bound), share_text(c.share()),
+                     c.failed() ? ": every element moved together (an eps, a truncation)" : "");
 }
 
 // ---- text ------------------------------------------------------------------------------------
@@ -197,8 +219,15 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
   }
   const SideDiff& side = *d.judged_side();
   const ValueComparison& v = side.values;
+  const bool recompute = d.judged == Judge::local && r.local_source == LocalSource::recompute;
   out += fmt::format("{} error (A = {}):\n", judge_name(d.judged),
-                     d.judged == Judge::local ? "the stage replayed on B's inputs" : "A's output");
+                     recompute                       ? "A's output; B = the stage recomputed from A's inputs"
+                     : d.judged == Judge::local ? "the stage replayed on B's inputs"
+                                                : "A's output");
+  if (!d.local_unavailable.empty())
+    out += fmt::format("no local error: {}{}\n", d.local_unavailable,
+                       d.fallback_tolerance && r.fallback ? "; held to " + r.fallback->describe()
+                                                          : std::string());
   out += fmt::format("size:           {}           {}\n", dims_text(d.dims_a), dims_text(d.dims_b));
   const size_t shown = std::min(count, v.listed.size());
   if (d.is_decision()) {
@@ -224,6 +253,7 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
   if (v.nonfinite_mismatches > 0)
     out += fmt::format("NaN/Inf on one side only: {}\n", v.nonfinite_mismatches);
   if (side.decision) out += decision_text(d.key.stage, *side.decision, v.elements) + "\n";
+  if (side.scale) out += scale_text(*side.scale) + "\n";
   if (d.judged == Judge::local && d.accumulated && !d.is_decision())
     out += fmt::format("accumulated error (A's free-running output): max abs {} ({}x the bound), "
                        "amplification {}\n",
@@ -445,8 +475,10 @@ std::string verdict_line(const DiffResult& r) {
                                 r.a.backend, r.b.file, r.b.backend, how);
     if (const DatasetDiff* w = worst_dataset(r))
       s += fmt::format("; largest share of the bound {} ({}, {})",
-                       share_text(w->judged_side()->values.share), location(w->key),
+                       share_text(w->judged_side()->share()), location(w->key),
                        judge_name(w->judged));
+    if (const size_t n = accumulated_fallbacks(r); n > 0)
+      s += fmt::format("; {} dataset(s) judged by accumulated error (inputs not captured)", n);
     if (r.drift_decisions > 0)
       s += fmt::format("; {} decision flip(s) within the bound (drift)", r.drift_decisions);
     return s + not_captured;
@@ -482,6 +514,12 @@ std::string verdict_line(const DiffResult& r) {
                        judge_name(f.judged), value(f.element->a), value(f.element->b),
                        num(f.element->abs_err), num(f.element->rel_err), num(f.element->bound),
                        share_text(f.share));
+    if (f.scale) what += "; " + scale_text(*f.scale);
+    if (it != r.datasets.end() && !it->local_unavailable.empty())
+      what += fmt::format(" (no local error: {}{})", it->local_unavailable,
+                          it->fallback_tolerance && r.fallback
+                              ? "; held to " + r.fallback->describe()
+                              : std::string());
     if (f.accumulated_abs_err)
       what += fmt::format("; accumulated error there {}, amplification {}",
                           num(*f.accumulated_abs_err), num(f.amplification));
@@ -516,8 +554,8 @@ void text_stage_table(std::string& out, const DiffResult& r) {
       }
       continue;
     }
-    if (d.local && d.local->values.share > row.local) {
-      row.local = d.local->values.share;
+    if (d.local && d.local->share() > row.local) {
+      row.local = d.local->share();
       row.worst = &d;
     }
     if (d.accumulated) row.accumulated = std::max(row.accumulated, d.accumulated->values.share);
@@ -560,6 +598,7 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
   out += judged_text(r) + "\n";
   if (r.criterion.kind == Criterion::Kind::derived)
     out += fmt::format("precision of A: {}\n", r.policy.to_json().dump());
+  for (const std::string& w : r.warnings) out += "warning: " + w + "\n";
   out += "\n";
   const DatasetDiff* culprit = nullptr;
   if (r.first_divergence)
@@ -625,7 +664,13 @@ json side_json(const DatasetDiff& d, const std::optional<SideDiff>& s) {
             {"allowance", json_number(dd.allowance)}};
   }
   (void)d;
+  json scale = nullptr;
+  if (s->scale)
+    scale = {{"estimate", json_number(s->scale->estimate)},
+             {"bound", json_number(s->scale->bound)},
+             {"share", json_number(s->scale->share())}};
   return {{"failed", s->failed},
+          {"scale", scale},
           {"elements", v.elements},
           {"compared", v.compared},
           {"mismatches", v.mismatches},
@@ -662,6 +707,9 @@ json report_json(const DiffResult& r) {
              {"rel_err", e ? json_number(e->rel_err) : json(nullptr)},
              {"bound", e ? json_number(e->bound) : json(nullptr)},
              {"share", e ? json_number(f.share) : json(nullptr)},
+             {"scale", f.scale ? json{{"estimate", json_number(f.scale->estimate)},
+                                      {"bound", json_number(f.scale->bound)}}
+                               : json(nullptr)},
              {"accumulated_abs_err",
               f.accumulated_abs_err ? json_number(*f.accumulated_abs_err) : json(nullptr)},
              {"amplification", json_number(f.amplification)}};
@@ -678,6 +726,9 @@ json report_json(const DiffResult& r) {
                         {"status", status_name(d.status)},
                         {"missing", d.missing_path.empty() ? json(nullptr) : json(d.missing_path)},
                         {"judged", judge_name(d.judged)},
+                        {"local_unavailable", d.local_unavailable.empty() ? json(nullptr)
+                                                                          : json(d.local_unavailable)},
+                        {"fallback_tolerance", d.fallback_tolerance},
                         {"dims_a", d.dims_a},
                         {"dims_b", d.dims_b},
                         {"experts", experts},
@@ -693,13 +744,17 @@ json report_json(const DiffResult& r) {
   if (r.capture)
     summary["not_captured"] = {{"datasets", r.not_captured}, {"stages", r.not_captured_stages()}};
   if (const DatasetDiff* w = worst_dataset(r))
-    summary["largest_share"] = {{"path", w->path}, {"share", json_number(w->judged_side()->values.share)}};
+    summary["largest_share"] = {{"path", w->path}, {"share", json_number(w->judged_side()->share())}};
+  summary["judged_accumulated_for_lack_of_inputs"] = accumulated_fallbacks(r);
   return {{"verdict", r.diverged() ? "diverged" : "pass"},
           {"summary", summary},
           {"first_divergence", first},
           {"first_drift", r.first_drift_path ? json(*r.first_drift_path) : json(nullptr)},
           {"criterion", r.criterion.to_json()},
           {"judged", judge_name(r.judged)},
+          {"local_source", local_source_name(r.local_source)},
+          {"fallback_tolerance", r.fallback ? r.fallback->to_json() : json(nullptr)},
+          {"warnings", r.warnings},
           {"candidate_precision_policy", r.policy.to_json()},
           {"a", {{"file", r.a.file}, {"backend", r.a.backend}, {"precision", r.a.precision},
                  {"replay", r.a_has_replay}, {"capture", r.capture}}},
@@ -854,11 +909,14 @@ std::string report_html(const DiffResult& r) {
     out += fmt::format("<tr><th>drift</th><td>the accumulated error first exceeds the criterion at "
                        "{}</td></tr>\n",
                        xml_escape(*r.first_drift_path));
+  for (const std::string& w : r.warnings)
+    out += fmt::format("<tr><th>warning</th><td>{}</td></tr>\n", xml_escape(w));
   out += "</table>\n";
 
   out += "<h2>Error heatmaps</h2>\n<p>Each cell: the largest share of the bound used over all "
-         "positions, max |A&minus;B| / bound; above 1 fails. <b>Local</b>: each stage replayed on "
-         "the reference's inputs, its own error, which decides. <b>Accumulated</b>: the candidate "
+         "positions, max |A&minus;B| / bound; above 1 fails. <b>Local</b>: each stage's own error "
+         "(replayed on the reference's inputs, or recomputed by the reference from a capture's "
+         "own inputs), which decides. <b>Accumulated</b>: the candidate "
          "running free, the drift it inherits (reported, not judged). The first divergence is "
          "outlined; hover a cell for details.</p>\n";
   out += "<p class=\"legend\"><span style=\"background:#e8f5e9\">&lt; 0.01</span>"

@@ -38,6 +38,7 @@ namespace fs = std::filesystem;
 // before it is allocated.
 constexpr size_t kMaxShortString = 4096;       // backend, fingerprint, paths, versions, dates
 constexpr size_t kMaxStageName = 64;           // the "stage" attribute of a dataset
+constexpr size_t kMaxLayout = 128;              // the "layout" attribute of a captured dataset
 constexpr size_t kMaxJsonString = 16u << 20;   // config, device, run, precision_policy
 constexpr size_t kMaxRunId = 64;
 constexpr int64_t kMaxListLength = int64_t(1) << 26;  // tokens, positions (2^24 is the context)
@@ -457,12 +458,15 @@ std::string_view series_name(Series s) {
     case Series::output: return "output";
     case Series::replay: return "replay";
     case Series::magnitude: return "magnitude";
+    case Series::recompute: return "recompute";
+    case Series::recompute_magnitude: return "recompute_magnitude";
+    case Series::recompute_bias: return "recompute_bias";
   }
   return "output";
 }
 
 namespace {
-// The group a series' datasets live under: the root for outputs, /replay, /magnitude.
+// The group a series' datasets live under: the root for outputs, else /<series name>.
 std::string series_prefix(Series s) {
   return s == Series::output ? std::string() : "/" + std::string(series_name(s));
 }
@@ -520,6 +524,7 @@ struct TraceWriter::Impl {
   Config config;
   std::set<int> positions;
   std::vector<int32_t> tokens, token_positions;  // written at finish()
+  nlohmann::json run;                            // written at finish()
   Hid file;
   Hid group_plist;  // link creation order, tracked and indexed
   std::set<std::string> groups;
@@ -648,6 +653,7 @@ TraceWriter::TraceWriter(std::string path, TraceMeta meta, std::set<int> positio
   w.positions = std::move(positions);
   w.tokens = std::move(meta.tokens);
   w.token_positions = std::move(meta.positions);
+  w.run = std::move(meta.run);
 
   // The temporary name carries our pid: one left by a dead process of the same pid is a regular
   // file and ours to replace; anything else there is not.
@@ -700,11 +706,15 @@ TraceWriter::TraceWriter(std::string path, TraceMeta meta, std::set<int> positio
     if (meta.precision_policy)
       w.write_string_attr(r, "precision_policy", meta.precision_policy->to_json().dump(), "/");
     w.write_int_attr(r, "replay", meta.replay ? 1 : 0, "/");
-    w.write_string_attr(r, "run", meta.run.dump(), "/");
     if (!meta.run_id.empty()) w.write_string_attr(r, "run_id", meta.run_id, "/");
   } catch (const WriteFailure& failure) {
     w.fail_abandoned(failure);
   }
+}
+
+void TraceWriter::set_run(nlohmann::json run) {
+  if (impl_->state == Impl::State::finished) fail("{}: set_run() after finish()", impl_->path);
+  impl_->run = std::move(run);
 }
 
 void TraceWriter::set_tokens(std::vector<int32_t> tokens, std::vector<int32_t> positions) {
@@ -719,7 +729,9 @@ bool TraceWriter::wants(int position, int, Stage) const {
   return impl_->positions.empty() || impl_->positions.contains(position);
 }
 
-void TraceWriter::record(const StageKey& key, const StageData& data) {
+void TraceWriter::record(const StageKey& key, const StageData& data) { record(key, data, {}); }
+
+void TraceWriter::record(const StageKey& key, const StageData& data, std::string_view layout) {
   Impl& w = *impl_;
   w.require_writing("record()");
   const StageInfo& si = info(key.stage);
@@ -740,7 +752,9 @@ void TraceWriter::record(const StageKey& key, const StageData& data) {
   if (data.dims != expected)
     fail("{}: {}: dims {} but a {} row at position {} is {}", w.path, ds_path,
          dims_text(data.dims), si.name, key.position, dims_text(expected));
-  if (key.series == Series::magnitude && (si.kind == ValueKind::Index || data.type != StageData::Type::F64))
+  if ((key.series == Series::magnitude || key.series == Series::recompute_magnitude ||
+       key.series == Series::recompute_bias) &&
+      (si.kind == ValueKind::Index || data.type != StageData::Type::F64))
     fail("{}: {}: magnitudes are float64 rows of real stages", w.path, ds_path);
   if ((si.kind == ValueKind::Index) != (data.type == StageData::Type::I32))
     fail("{}: {}: stage {} holds {} values; int32 is for index stages only", w.path, ds_path,
@@ -775,6 +789,7 @@ void TraceWriter::record(const StageKey& key, const StageData& data) {
     w.write_int_attr(ds.get(), "layer", key.layer, ds_path);
     w.write_int_attr(ds.get(), "position", key.position, ds_path);
     w.write_int_attr(ds.get(), "order", key.order, ds_path);
+    if (!layout.empty()) w.write_string_attr(ds.get(), "layout", layout, ds_path);
     w.check(ds.close() >= 0, doing);
   } catch (const WriteFailure& failure) {
     w.fail_abandoned(failure);
@@ -791,6 +806,7 @@ void TraceWriter::finish() {
     w.write_ints_attr(root.get(), "tokens", w.tokens.data(), w.tokens.size(), false, "/");
     w.write_ints_attr(root.get(), "positions", w.token_positions.data(), w.token_positions.size(),
                       false, "/");
+    w.write_string_attr(root.get(), "run", w.run.dump(), "/");
     w.check(root.close() >= 0, "closing /");
     // Everything reaches the disk here, where a failure can still be redirected; the close
     // below only rewrites the superblock's end-of-file address in place.
@@ -827,6 +843,7 @@ struct TraceReader::Impl {
   Config config;
   std::vector<TraceEntry> entries;       // output series
   std::map<std::string, StageKey> keys;  // every series, by path
+  std::map<std::string, std::string> layouts;  // the "layout" attribute, where a dataset has one
   std::set<Series> series;
 
   std::string shown(std::string_view member_path) const { return printable(member_path, 120); }
@@ -910,7 +927,8 @@ struct TraceReader::Impl {
   void index_datasets(hid_t root) {
     const std::vector<Link> top = links(root, "");
     index_series(root, top, "", Series::output);
-    for (Series s : {Series::replay, Series::magnitude}) {
+    for (Series s : {Series::replay, Series::magnitude, Series::recompute,
+                     Series::recompute_magnitude, Series::recompute_bias}) {
       const std::string group(series_name(s));
       const auto it = std::find_if(top.begin(), top.end(), [&](const Link& l) { return l.name == group; });
       if (it == top.end()) continue;
@@ -972,6 +990,7 @@ struct TraceReader::Impl {
            path, ds_path, quoted(stage_attr), layer_attr, position_attr);
     const StageKey key{position, layer, *stage, attrs.int1("order"), s};
     keys.emplace(ds_path, key);
+    if (attrs.has("layout")) layouts.emplace(ds_path, attrs.str("layout", kMaxLayout));
     series.insert(s);
     if (s == Series::output) entries.push_back({ds_path, key});
   }
@@ -1113,11 +1132,23 @@ bool TraceReader::has(const std::string& dataset_path) const {
   return impl_->keys.contains(dataset_path);
 }
 bool TraceReader::has_series(Series s) const { return impl_->series.contains(s); }
+std::string TraceReader::layout(const std::string& dataset_path) const {
+  const auto it = impl_->layouts.find(dataset_path);
+  return it == impl_->layouts.end() ? std::string() : it->second;
+}
 
 StageData TraceReader::read(const std::string& dataset_path) const {
   const auto it = impl_->keys.find(dataset_path);
   if (it == impl_->keys.end()) fail("{}: no dataset {}", impl_->path, dataset_path);
   return impl_->read(dataset_path, it->second);
+}
+
+bool TraceCandidateRows::has(int position, int layer, Stage s) const {
+  return t_.has(trace_dataset_path(position, layer, s));
+}
+
+StageData TraceCandidateRows::read(int position, int layer, Stage s) const {
+  return t_.read(trace_dataset_path(position, layer, s));
 }
 
 }  // namespace parity

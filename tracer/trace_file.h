@@ -12,11 +12,16 @@
 //                             (its local result; model/lockstep.h)
 //   /magnitude/pos_<P>/...    reference traces: per element, the sum of |terms| of the
 //                             stage's sums (projections, scores, attn_out), for error bounds
+//   /recompute/pos_<P>/...    reference traces of a capture: each stage recomputed by the
+//                             reference from the capture's own inputs (model/recompute.h)
+//   /recompute_magnitude/..., /recompute_bias/...
+//                             the magnitude rows of those sums, and |bias| of the projections
 // e.g. the logits at position 7 are /pos_7/model/logits, shape [vocab]. Real stages are
 // float64 in reference traces and float32 in all others; topk_idx and sampled are int32.
 // Expert stages (mlp1, swiglu, mlp2) are [k, n]: row i belongs to the expert in slot i of
 // topk_idx. Dataset attributes: stage, layer (-1 at model scope), position, order (execution
-// order within the position). A trace is written under a temporary name and renamed when
+// order within the position); a capture's dataset may carry layout, the port's layout as it
+// recorded the row ("NO_SINK": the att row's sink column is 1 - the keys' sum, not the port's). A trace is written under a temporary name and renamed when
 // complete. Format version 1 (no replay, magnitude, sampled, precision_policy) is still read.
 //
 // Written with the newest HDF5 file format (superblock 3, object headers 2: every metadata
@@ -41,6 +46,7 @@
 
 #include "model/config.h"
 #include "model/forward.h"
+#include "model/recompute.h"
 
 namespace parity {
 
@@ -88,6 +94,10 @@ class TraceWriter : public Observer {
   // Refuses (and writes nothing for) a row whose dims are not its stage's at that position under
   // meta.config, whose type is not its stage's kind, or that was recorded before.
   void record(const StageKey& key, const StageData& data) override;
+  // The same, with the dataset's "layout" attribute (a capture's record in a port's layout).
+  void record(const StageKey& key, const StageData& data, std::string_view layout);
+  // The run attribute written at finish() (what a run learns as it goes), in place of meta.run.
+  void set_run(nlohmann::json run);
   // The token list and positions written at finish() (a generating run learns them late).
   void set_tokens(std::vector<int32_t> tokens, std::vector<int32_t> positions);
   // Closes and renames into place. A failed HDF5 call anywhere (a full disk) abandons the trace:
@@ -116,12 +126,25 @@ class TraceReader {
   const std::vector<TraceEntry>& entries() const;
   bool has(const std::string& dataset_path) const;
   bool has_series(Series s) const;
+  // The dataset's "layout" attribute, "" when it has none.
+  std::string layout(const std::string& dataset_path) const;
   // Checks the dataset's shape against its stage's rule, its element type against its stage's
   // kind, and its size against the file's, before allocating; throws naming file and dataset.
   StageData read(const std::string& dataset_path) const;
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// A trace's output rows as the candidate of a recompute (model/recompute.h).
+class TraceCandidateRows final : public CandidateRows {
+ public:
+  explicit TraceCandidateRows(const TraceReader& t) : t_(t) {}
+  bool has(int position, int layer, Stage s) const override;
+  StageData read(int position, int layer, Stage s) const override;
+
+ private:
+  const TraceReader& t_;
 };
 
 }  // namespace parity

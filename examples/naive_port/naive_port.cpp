@@ -13,8 +13,20 @@
 // of qkv), an attention row holds the sink first ([sink, key 0, ..., key pos]), and the expert's
 // first projection is split into halves at load ([gate | linear], not interleaved).
 //
-// --bug sink    softmax over the keys only, without the sink (a classic port bug)
-// --bug clamp   the SwiGLU's linear half clamped from above only (the lower clamp forgotten)
+// --dtype bfloat16 stores every stage's output (the KV cache included) as bfloat16, rounded to
+// nearest even, and computes in float32 inside each stage: what fused-kernel GPU ports do. It
+// declares the "bfloat16" precision preset; float32 (the default) declares "float32".
+//
+// Planted bugs (--bug NAME), each a classic of real ports:
+//   sink     softmax over the keys only, without the sink
+//   clamp    the SwiGLU's linear half clamped from above only (the lower clamp forgotten)
+//   gate2    the SwiGLU's gate clamped on both sides (its clamp is one-sided: min(gate, 7))
+//   eps      RMSNorm with eps 1e-6 instead of the config's
+//   trunc    attn_norm's output stored as bfloat16 by truncation instead of rounding to nearest
+//            even (in a float32 port: rounded at all where it should not be)
+//   window   the sliding window one key too wide (pos - j <= window)
+//   nibble   MXFP4 nibbles swapped (the high nibble taken as the even element)
+//   kv-early each position's k and v written one cache slot early
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -247,8 +259,9 @@ struct Experts {
 
 const float kFp4[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
 
-// y = W[e] x + b[e], W[e] (out, in) in MXFP4, rows in this port's order
-Vec expert_matvec(const Experts& x, int e, const Vec& v) {
+// y = W[e] x + b[e], W[e] (out, in) in MXFP4, rows in this port's order; `swap`: the nibbles
+// taken the wrong way round (the bug)
+Vec expert_matvec(const Experts& x, int e, const Vec& v, bool swap = false) {
   const int groups = x.in / 32;
   Vec y(size_t(x.out));
   for (int o = 0; o < x.out; ++o) {
@@ -260,8 +273,9 @@ Vec expert_matvec(const Experts& x, int e, const Vec& v) {
       const float scale = std::ldexp(1.0f, int(sc[g]) - 127);
       for (int j = 0; j < 16; ++j) {
         const uint8_t b = blk[g * 16 + j];
-        s += kFp4[b & 15] * scale * v[size_t(g * 32 + 2 * j)];
-        s += kFp4[b >> 4] * scale * v[size_t(g * 32 + 2 * j + 1)];
+        const int even = swap ? b >> 4 : b & 15, odd = swap ? b & 15 : b >> 4;
+        s += kFp4[even] * scale * v[size_t(g * 32 + 2 * j)];
+        s += kFp4[odd] * scale * v[size_t(g * 32 + 2 * j + 1)];
       }
     }
     y[size_t(o)] = s;
@@ -331,13 +345,42 @@ Model load_model(const Checkpoint& ck, const std::string& dir) {
 
 namespace {
 
-enum class Bug { none, sink, clamp };
+enum class Bug { none, sink, clamp, gate2, eps, trunc, window, nibble, kv_early };
+
+struct BugName {
+  const char* name;
+  Bug bug;
+};
+constexpr BugName kBugs[] = {{"sink", Bug::sink},   {"clamp", Bug::clamp},   {"gate2", Bug::gate2},
+                             {"eps", Bug::eps},     {"trunc", Bug::trunc},   {"window", Bug::window},
+                             {"nibble", Bug::nibble}, {"kv-early", Bug::kv_early}};
+
+// float to bfloat16 and back: round to nearest even, or truncate (the bug).
+float to_bf16(float x, bool truncate = false) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf, nan
+  if (!truncate) u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  float y;
+  std::memcpy(&y, &u, 4);
+  return y;
+}
 
 struct Port {
   const Model& m;
   Bug bug = Bug::none;
+  bool bf16 = false;                               // store every stage's output as bfloat16
   parity_capture* cap = nullptr;                   // null: no capture, no cost
-  std::vector<std::vector<Vec>> k_cache, v_cache;  // [layer][position] (rotated k, raw v)
+  std::vector<std::vector<Vec>> k_cache, v_cache;  // [layer][slot] (rotated k, raw v)
+
+  // A stage's output as the port stores it.
+  Vec& store(Vec& x) const {
+    if (bf16)
+      for (float& v : x) v = to_bf16(v);
+    return x;
+  }
+  float eps() const { return bug == Bug::eps ? 1e-6f : m.p.eps; }
 
   void rec(const char* stage, int pos, int layer, const Vec& x,
            unsigned layout = PARITY_LAYOUT_DEFAULT, int slot = PARITY_CAPTURE_ALL_SLOTS) {
@@ -353,13 +396,17 @@ struct Port {
       die(parity_capture_last_error());
   }
 
-  Vec rmsnorm(const Vec& x, const Vec& w) const {
+  Vec rmsnorm_f32(const Vec& x, const Vec& w) const {
     float ss = 0;
     for (float v : x) ss += v * v;
-    const float r = 1.0f / std::sqrt(ss / float(x.size()) + m.p.eps);
+    const float r = 1.0f / std::sqrt(ss / float(x.size()) + eps());
     Vec y(x.size());
     for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * w[i];
     return y;
+  }
+  Vec rmsnorm(const Vec& x, const Vec& w) const {
+    Vec y = rmsnorm_f32(x, w);
+    return store(y);
   }
 
   // Half-split RoPE on each head of x (heads, d): pairs (i, i + d/2).
@@ -383,23 +430,33 @@ struct Port {
     const Params& p = m.p;
     const int H = p.hidden, d = p.head_dim;
     Vec x(m.embed.begin() + int64_t(token) * H, m.embed.begin() + int64_t(token + 1) * H);
+    store(x);
     rec("embedding", pos, -1, x);
     for (int L = 0; L < p.layers; ++L) {
       const Layer& l = m.layers[size_t(L)];
       // Attention block.
-      const Vec t = rmsnorm(x, l.attn_norm);
+      Vec t = bug == Bug::trunc ? rmsnorm_f32(x, l.attn_norm) : rmsnorm(x, l.attn_norm);
+      if (bug == Bug::trunc)  // stored as bfloat16 by truncation
+        for (float& v : t) v = to_bf16(v, true);
       rec("attn_norm", pos, L, t);
       Vec q = matvec(l.q, t), k = matvec(l.k, t), v = matvec(l.v, t);
+      store(q), store(k), store(v);
       rec("qkv", pos, L, q, PARITY_LAYOUT_QKV_Q);
       rec("qkv", pos, L, k, PARITY_LAYOUT_QKV_K);
       rec("qkv", pos, L, v, PARITY_LAYOUT_QKV_V);
       rope(q, p.heads, pos);
       rope(k, p.kv_heads, pos);
+      store(q), store(k);
       rec("q_rope", pos, L, q);
       rec("k_rope", pos, L, k);
       rec("v", pos, L, v);
-      k_cache[size_t(L)].push_back(k);
-      v_cache[size_t(L)].push_back(v);
+      auto& kc = k_cache[size_t(L)];
+      auto& vc = v_cache[size_t(L)];
+      kc.resize(size_t(pos) + 1, Vec(k.size(), 0.0f));
+      vc.resize(size_t(pos) + 1, Vec(v.size(), 0.0f));
+      const size_t slot = bug == Bug::kv_early && pos > 0 ? size_t(pos) - 1 : size_t(pos);
+      kc[slot] = k;
+      vc[slot] = v;
       // Scores and softmax, per head: row = [sink, key 0, ..., key pos].
       const int n = pos + 1, cols = n + 1;
       Vec scores(size_t(p.heads * cols)), att(size_t(p.heads * cols)),
@@ -409,19 +466,24 @@ struct Port {
         const int kvh = h / (p.heads / p.kv_heads);
         float* srow = &scores[size_t(h * cols)];
         srow[0] = l.sinks[size_t(h)];
-        float mx = bug == Bug::sink ? -INFINITY : srow[0];
         for (int j = 0; j < n; ++j) {
-          const bool visible = !p.sliding[size_t(L)] || pos - j < p.window;
+          const int reach = bug == Bug::window ? p.window + 1 : p.window;
+          const bool visible = !p.sliding[size_t(L)] || pos - j < reach;
           float s = -INFINITY;
           if (visible) {
             s = 0;
             for (int i = 0; i < d; ++i)
-              s += q[size_t(h * d + i)] * k_cache[size_t(L)][size_t(j)][size_t(kvh * d + i)];
+              s += q[size_t(h * d + i)] * kc[size_t(j)][size_t(kvh * d + i)];
             s *= scale;
           }
           srow[1 + j] = s;
-          mx = std::max(mx, s);
         }
+      }
+      store(scores);
+      for (int h = 0; h < p.heads; ++h) {
+        const float* srow = &scores[size_t(h * cols)];
+        float mx = bug == Bug::sink ? -INFINITY : srow[0];
+        for (int j = 1; j < cols; ++j) mx = std::max(mx, srow[j]);
         float* arow = &att[size_t(h * cols)];
         float z = 0;
         for (int j = 0; j < cols; ++j) {
@@ -430,22 +492,30 @@ struct Port {
           z += arow[j];
         }
         for (int j = 0; j < cols; ++j) arow[j] /= z;
+      }
+      store(att);
+      for (int h = 0; h < p.heads; ++h) {
+        const int kvh = h / (p.heads / p.kv_heads);
+        const float* arow = &att[size_t(h * cols)];
         for (int j = 0; j < n; ++j)
           for (int i = 0; i < d; ++i)
-            out[size_t(h * d + i)] +=
-                arow[1 + j] * v_cache[size_t(L)][size_t(j)][size_t(kvh * d + i)];
+            out[size_t(h * d + i)] += arow[1 + j] * vc[size_t(j)][size_t(kvh * d + i)];
       }
+      store(out);
       rec("scores", pos, L, scores, PARITY_LAYOUT_SINK_FIRST);
       rec("att", pos, L, att, PARITY_LAYOUT_SINK_FIRST);
       rec("attn_out", pos, L, out);
-      const Vec o = matvec(l.o, out);
+      Vec o = matvec(l.o, out);
+      store(o);
       rec("o_proj", pos, L, o);
       for (int i = 0; i < H; ++i) x[size_t(i)] += o[size_t(i)];
+      store(x);
       rec("resid_attn", pos, L, x);
       // MoE block.
       const Vec u = rmsnorm(x, l.ffn_norm);
       rec("ffn_norm", pos, L, u);
-      const Vec g = matvec(l.router, u);
+      Vec g = matvec(l.router, u);
+      store(g);
       rec("router", pos, L, g);
       std::vector<int32_t> idx(size_t(p.experts));
       std::iota(idx.begin(), idx.end(), 0);
@@ -458,33 +528,41 @@ struct Port {
       for (int s = 0; s < p.top_k; ++s)
         z += w[size_t(s)] = std::exp(g[size_t(idx[size_t(s)])] - mx);
       for (float& ws : w) ws /= z;
+      store(w);
       rec_index("topk_idx", pos, L, idx);
       rec("topk_w", pos, L, w);
       Vec moe(size_t(H), 0.0f);
       for (int s = 0; s < p.top_k; ++s) {
         const int e = idx[size_t(s)];
-        const Vec h = expert_matvec(l.mlp1, e, u);  // [gate | linear]
+        Vec h = expert_matvec(l.mlp1, e, u, bug == Bug::nibble);  // [gate | linear]
+        store(h);
         rec("mlp1", pos, L, h, PARITY_LAYOUT_GATE_UP_HALVES, s);
         Vec a(size_t(p.inter));
         for (int j = 0; j < p.inter; ++j) {
-          const float gate = std::min(h[size_t(j)], p.limit);
+          const float gate = bug == Bug::gate2 ? std::clamp(h[size_t(j)], -p.limit, p.limit)
+                                               : std::min(h[size_t(j)], p.limit);
           const float lin = bug == Bug::clamp
                                 ? std::min(h[size_t(p.inter + j)], p.limit)
                                 : std::clamp(h[size_t(p.inter + j)], -p.limit, p.limit);
           a[size_t(j)] = gate / (1.0f + std::exp(-1.702f * gate)) * (lin + 1.0f);
         }
+        store(a);
         rec("swiglu", pos, L, a, PARITY_LAYOUT_DEFAULT, s);
-        const Vec y = expert_matvec(l.mlp2, e, a);
+        Vec y = expert_matvec(l.mlp2, e, a, bug == Bug::nibble);
+        store(y);
         rec("mlp2", pos, L, y, PARITY_LAYOUT_DEFAULT, s);
         for (int i = 0; i < H; ++i) moe[size_t(i)] += w[size_t(s)] * y[size_t(i)];
       }
+      store(moe);
       rec("moe_out", pos, L, moe);
       for (int i = 0; i < H; ++i) x[size_t(i)] += moe[size_t(i)];
+      store(x);
       rec("resid_ffn", pos, L, x);
     }
     const Vec f = rmsnorm(x, m.norm);
     rec("final_norm", pos, -1, f);
-    const Vec logits = matvec(m.head, f);
+    Vec logits = matvec(m.head, f);
+    store(logits);
     rec("logits", pos, -1, logits);
     const int32_t best = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     rec_index("sampled", pos, -1, {best});
@@ -509,8 +587,11 @@ std::vector<int32_t> parse_tokens(const std::string& text) {
 }
 
 int run(int argc, char** argv) {
-  std::string dir, capture_path, tokens_text;
+  std::string dir, capture_path, tokens_text, dtype = "float32";
   Bug bug = Bug::none;
+  const char* usage =
+      "naive_port MODEL_DIR --tokens t0,t1,... [--capture FILE] [--dtype float32|bfloat16] "
+      "[--bug sink|clamp|gate2|eps|trunc|window|nibble|kv-early]";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -521,21 +602,24 @@ int run(int argc, char** argv) {
       tokens_text = next();
     else if (a == "--capture")
       capture_path = next();
-    else if (a == "--bug") {
+    else if (a == "--dtype") {
+      dtype = next();
+      if (dtype != "float32" && dtype != "bfloat16") die("--dtype float32|bfloat16, not " + dtype);
+    } else if (a == "--bug") {
       const std::string b = next();
-      bug = b == "sink"    ? Bug::sink
-            : b == "clamp" ? Bug::clamp
-                           : (die("--bug sink|clamp, not " + b), Bug::none);
+      const auto it = std::find_if(std::begin(kBugs), std::end(kBugs),
+                                   [&](const BugName& n) { return b == n.name; });
+      if (it == std::end(kBugs)) die(std::string("unknown --bug ") + b + "; " + usage);
+      bug = it->bug;
     } else if (a == "-h" || a == "--help") {
-      std::printf("naive_port MODEL_DIR --tokens t0,t1,... [--capture FILE] [--bug sink|clamp]\n");
+      std::printf("%s\n", usage);
       return 0;
     } else if (!a.empty() && a[0] != '-' && dir.empty())
       dir = a;
     else
       die("unknown argument " + a);
   }
-  if (dir.empty() || tokens_text.empty())
-    die("usage: naive_port MODEL_DIR --tokens t0,t1,... [--capture FILE] [--bug sink|clamp]");
+  if (dir.empty() || tokens_text.empty()) die(std::string("usage: ") + usage);
   const std::vector<int32_t> tokens = parse_tokens(tokens_text);
 
   const Checkpoint ck(dir);  // kept mapped: the experts are decoded from it as they are used
@@ -545,12 +629,12 @@ int run(int argc, char** argv) {
 
   parity_capture* cap = nullptr;
   if (!capture_path.empty()) {
-    const parity_capture_options options{"naive_port", "float32", nullptr};
+    const parity_capture_options options{"naive_port", dtype.c_str(), nullptr};
     if (parity_capture_open(&cap, capture_path.c_str(), dir.c_str(), tokens.data(), tokens.size(),
                             &options) != 0)
       die(parity_capture_last_error());
   }
-  Port port{m, bug, cap, {}, {}};
+  Port port{m, bug, dtype == "bfloat16", cap, {}, {}};
   port.k_cache.resize(size_t(m.p.layers));
   port.v_cache.resize(size_t(m.p.layers));
   Vec logits;

@@ -45,6 +45,8 @@ import stat
 import h5py
 import numpy as np
 
+from . import precision as _precision
+
 __all__ = [
     "Capture", "CaptureError", "STAGES", "stage_shape", "checkpoint_fingerprint",
     "ROPE_INTERLEAVED", "SINK_FIRST", "NO_SINK", "GATE_UP_HALVES", "QKV_Q", "QKV_K", "QKV_V",
@@ -106,16 +108,6 @@ _LAYOUTS_FOR = {
     "att": SINK_FIRST | NO_SINK,
     "mlp1": GATE_UP_HALVES,
 }
-
-# Storage unit roundoff and smallest normal of each precision a port may declare (accumulation in
-# float32 or wider, as the C library assumes).
-_POLICIES = {
-    "float32": (2.0 ** -24, 2.0 ** -24, 4.0, 2.0 ** -126),
-    "bfloat16": (2.0 ** -8, 2.0 ** -24, 4.0, 2.0 ** -126),
-    "float16": (2.0 ** -11, 2.0 ** -24, 4.0, 2.0 ** -14),
-    "float64": (2.0 ** -53, 2.0 ** -53, 2.0, 2.0 ** -1022),
-}
-
 
 class CaptureError(ValueError):
     """A record, a model directory or a file the capture refuses; the message is one line naming
@@ -261,9 +253,9 @@ class Capture:
         self._tmp = None
         if not self.path:
             raise CaptureError("capture: empty output path")
-        if precision not in _POLICIES:
-            raise CaptureError(f"capture {self.path}: precision {precision!r} (float32, bfloat16, "
-                               "float16 or float64)")
+        if not isinstance(precision, str) or precision not in _precision.PRESETS:
+            raise CaptureError(f"capture {self.path}: precision {precision!r} is not a preset "
+                               f"({', '.join(_precision.preset_names())})")
         model_dir = os.path.abspath(os.fspath(model_dir))
         config_path = os.path.join(model_dir, "config.json")
         try:
@@ -295,12 +287,11 @@ class Capture:
         if os.path.lexists(self._tmp):
             os.remove(self._tmp)
         self._file = h5py.File(self._tmp, "w", libver="latest", track_order=True)
-        u_s, u_a, ulps, min_normal = _POLICIES[precision]
         attrs = self._file.attrs
         self._str(attrs, "format", TRACE_FORMAT)
         attrs.create("format_version", np.int32(TRACE_FORMAT_VERSION))
         self._str(attrs, "backend", port or "capture-python")
-        self._str(attrs, "precision", f"{precision} activations, as captured from the port")
+        self._str(attrs, "precision", f"{precision}, as declared by the port")
         self._str(attrs, "config", json.dumps(raw, sort_keys=True))
         self._str(attrs, "checkpoint_fingerprint", checkpoint_fingerprint(model_dir))
         self._str(attrs, "model_dir", model_dir)
@@ -309,9 +300,7 @@ class Capture:
         self._str(attrs, "device", json.dumps({"description": device} if device else {}))
         self._str(attrs, "created",
                   datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        self._str(attrs, "precision_policy", json.dumps({
-            "storage_unit_roundoff": u_s, "accumulation_unit_roundoff": u_a,
-            "function_ulps": ulps, "storage_min_normal": min_normal}))
+        self._str(attrs, "precision_policy", json.dumps(_precision.policy(precision)))
         attrs.create("replay", np.int32(0))
         self._str(attrs, "run", json.dumps({"capture": {"api": "python", "precision": precision}}))
         self._str(attrs, "run_id", secrets.token_hex(16))
@@ -432,7 +421,7 @@ class Capture:
                 self._refuse(f"{at}: element {bad[0]} is {v[bad[0]]}, not an index below {limit}")
         f64 = array.dtype == np.float64
         if parts_n == 1:
-            self._write(position, layer, stage, v, f64)
+            self._write(position, layer, stage, v, f64, layout)
             return
         if pending is None:
             pending = self._partial[key] = [np.zeros(row), [False] * parts_n, True]
@@ -443,7 +432,7 @@ class Capture:
             del self._partial[key]
             self._write(position, layer, stage, pending[0], pending[2])
 
-    def _write(self, position, layer, stage, v, f64):
+    def _write(self, position, layer, stage, v, f64, layout=0):
         shape = stage_shape(self.config, stage, position)
         kind = _STAGE[stage][3]
         dtype = np.int32 if kind == "index" else (np.float64 if f64 else np.float32)
@@ -458,6 +447,8 @@ class Capture:
         ds.attrs.create("layer", np.int32(layer))
         ds.attrs.create("position", np.int32(position))
         ds.attrs.create("order", np.int32(_execution_order(self.config, layer, stage)))
+        if layout:  # the port's layout (NO_SINK: the att row's sink column is derived)
+            self._str(ds.attrs, "layout", _layout_text(layout))
         self._written.add((position, layer, stage))
 
     def close(self):

@@ -13,6 +13,10 @@ weights exist). Where transformers' modules produce a stage:
     qkv           self_attn.q_proj, k_proj, v_proj outputs (the three parts of qkv)
     q_rope/k_rope apply_rotary_pos_emb's outputs (module function, wrapped while the pass runs)
     v             v_proj output
+    scores        eager_attention_forward's scaled logits, recomputed by the wrapper with the
+                  function's own operations (matmul, * scaling, + the causal mask: the same
+                  bits), the sink column from the module's sinks; masked keys hold the mask's
+                  finfo.min, which the diff reads as masked
     att           eager_attention_forward's attention weights: transformers drops the sink's
                   column, so it is recorded with NO_SINK (its share is 1 - the keys' sum)
     attn_out      o_proj input; o_proj its output
@@ -26,8 +30,9 @@ weights exist). Where transformers' modules produce a stage:
     moe_out       mlp output; resid_ffn the decoder layer's output
     final_norm    model.norm output; logits lm_head output; sampled their argmax
 
-Not captured (listed so by parity-trace): scores (transformers computes the scaled logits inside
-its attention function and keeps no handle on them).
+Every stage is captured, so parity-trace judges each by its local error (the reference recomputes
+it from transformers' own inputs). The capture declares the precision preset of its dtype
+(transformers-f64, -f32, -bf16, -f16: parity_capture/precision.py says what each declares).
 """
 
 from __future__ import annotations
@@ -113,6 +118,8 @@ class _Hooks:
 
         def eager_wrapper(module, query, key, value, attention_mask, *args, **kwargs):
             out, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
+            scaling = kwargs.get("scaling", args[0] if args else getattr(module, "scaling", None))
+            self.scores(module, query, key, attention_mask, scaling)
             w = weights.detach()[0]  # [heads, S, keys]
             for p in range(len(self.cap.tokens)):
                 self.cap.record("att", p, module.layer_idx, w[:, p, : p + 1], layout=NO_SINK)
@@ -130,6 +137,20 @@ class _Hooks:
         self._originals = {}
 
     # -- stages that need more than one tensor -----------------------------------------------
+
+    def scores(self, module, query, key, attention_mask, scaling):
+        """eager_attention_forward's scaled logits, by its own operations in its order, with the
+        sink appended as our last column."""
+        torch = self.torch
+        with torch.no_grad():
+            key_states = self.mg.repeat_kv(key, module.num_key_value_groups)
+            s = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+            if attention_mask is not None:
+                s = s + attention_mask[:, :, :, : key_states.shape[-2]]
+            s = s.detach()[0]  # [heads, S, keys]
+            sinks = module.sinks.detach().reshape(-1, 1).to(s.dtype)
+            for p in range(len(self.cap.tokens)):
+                self.cap.record("scores", p, module.layer_idx, torch.cat([s[:, p, : p + 1], sinks], dim=1))
 
     def ffn_norm(self, L, out):
         self.rows("ffn_norm", L, out)
@@ -161,21 +182,30 @@ class _Hooks:
         indices, x = self.routing[L]
         limit = getattr(experts, "limit", 7.0)
         alpha = getattr(experts, "alpha", 1.702)
+
+        def gate(gate_up):  # GptOssExperts._apply_gate
+            if hasattr(experts, "_apply_gate"):
+                return experts._apply_gate(gate_up)
+            g, up = gate_up[..., ::2], gate_up[..., 1::2]
+            g = g.clamp(min=None, max=limit)
+            up = up.clamp(min=-limit, max=limit)
+            return (up + 1) * (g * torch.sigmoid(g * alpha))
+
+        # GptOssExperts.forward's own loop (transformers 5.17, eager experts): per expert hit, the
+        # rows routed to it in one product, so each intermediate has the bits transformers' has.
+        rows = {}
         with torch.no_grad():
-            for p in range(len(self.cap.tokens)):
-                for slot in range(indices.shape[-1]):
-                    e = int(indices[p, slot])
-                    # transformers' GptOssExperts.forward, for one token and one expert
-                    gate_up = x[p] @ experts.gate_up_proj[e] + experts.gate_up_proj_bias[e]
-                    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
-                    gate = gate.clamp(min=None, max=limit)
-                    up = up.clamp(min=-limit, max=limit)
-                    glu = gate * torch.sigmoid(gate * alpha)
-                    act = (up + 1) * glu
-                    y = act @ experts.down_proj[e] + experts.down_proj_bias[e]
-                    self.cap.record("mlp1", p, L, gate_up, slot=slot)
-                    self.cap.record("swiglu", p, L, act, slot=slot)
-                    self.cap.record("mlp2", p, L, y, slot=slot)
+            for e in torch.unique(indices).tolist():
+                token_idx, slot_idx = torch.where(indices == e)
+                gate_up = x[token_idx] @ experts.gate_up_proj[e] + experts.gate_up_proj_bias[e]
+                act = gate(gate_up)
+                y = act @ experts.down_proj[e] + experts.down_proj_bias[e]
+                for i, (t, s) in enumerate(zip(token_idx.tolist(), slot_idx.tolist())):
+                    rows[(t, s)] = (gate_up[i], act[i], y[i])
+        for (p, slot), (gate_up, act, y) in sorted(rows.items()):
+            self.cap.record("mlp1", p, L, gate_up, slot=slot)
+            self.cap.record("swiglu", p, L, act, slot=slot)
+            self.cap.record("mlp2", p, L, y, slot=slot)
 
     def logits(self, out):
         self.rows("logits", -1, out)
@@ -184,11 +214,21 @@ class _Hooks:
             self.cap.record("sampled", p, -1, best[p : p + 1].to(self.torch.int64))
 
 
-def load_model(model_dir: str, dtype: str, device: str):
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except (ImportError, AttributeError):
+        return "?"
+
+
+def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = False):
     """transformers' GptOssForCausalLM from a checkpoint directory, eager attention, eager experts
     (the per-expert loop: the grouped-GEMM path takes no float64), MXFP4 experts dequantized (no
     kernels needed) and then held in `dtype` like every other weight (dequantization gives
-    bfloat16, exactly representable in float32 and float64)."""
+    bfloat16, exactly representable in float32 and float64). Buffers keep the dtype transformers
+    gives them (the rotary inv_freq stays float32) unless `cast_buffers`: then the whole model
+    goes through model.to(dtype), as many scripts do, which rounds inv_freq to the dtype (RoPE's
+    angles then err by a rounding of inv_freq times the position)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -209,20 +249,45 @@ def load_model(model_dir: str, dtype: str, device: str):
                                                      experts_implementation="eager", **kwargs)
     except TypeError:  # transformers before `dtype` and `experts_implementation`
         model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch_dtype, **kwargs)
-    return model.to(device=device, dtype=torch_dtype).eval()
+    if cast_buffers:
+        return model.to(device=device, dtype=torch_dtype).eval()
+    model = model.to(device=device)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dtype != torch_dtype:
+                p.data = p.data.to(torch_dtype)
+    return model.eval()
+
+
+# The precision preset of transformers in each dtype (parity_capture/precision.py).
+PRECISION_OF_DTYPE = {"float64": "transformers-f64", "float32": "transformers-f32",
+                      "bfloat16": "transformers-bf16", "float16": "transformers-f16"}
 
 
 def capture_transformers(model, model_dir: str, tokens, out: str, port: str = "transformers",
-                         precision: str = "float32") -> set:
-    """Runs the prompt through `model` (a GptOssForCausalLM) once and writes its capture to `out`.
-    Returns what it could not capture (besides scores)."""
+                         precision: str | None = None) -> set:
+    """Runs the prompt through `model` (a GptOssForCausalLM) once and writes its capture to `out`,
+    declaring `precision` (default: the preset of the model's dtype). Returns what it could not
+    capture."""
     import torch
 
     if getattr(model.config, "_attn_implementation", "eager") != "eager":
         raise CaptureError(f"capture {out}: load the model with attn_implementation=\"eager\" (the "
                            "attention weights exist only there)")
-    with Capture(out, model_dir, tokens, port=port, precision=precision,
-                 device=f"transformers on {next(model.parameters()).device}") as cap:
+    param = next(model.parameters())
+    if precision is None:
+        precision = PRECISION_OF_DTYPE.get(str(param.dtype).replace("torch.", ""), "float32")
+    facts = [f"transformers {_version('transformers')}, torch {_version('torch')} on {param.device}"]
+    buffers = sorted({str(b.dtype).replace("torch.", "") for n, b in model.named_buffers() if "inv_freq" in n})
+    if buffers:
+        facts.append(f"rotary inv_freq in {', '.join(buffers)}")
+    if param.device.type == "cuda":
+        m = torch.backends.cuda.matmul
+        facts.append("reduced-precision GEMM reductions: bf16 "
+                     f"{getattr(m, 'allow_bf16_reduced_precision_reduction', '?')}, fp16 "
+                     f"{getattr(m, 'allow_fp16_reduced_precision_reduction', '?')}, tf32 "
+                     f"{getattr(m, 'allow_tf32', '?')}")
+    with Capture(out, model_dir, tokens, port=port, precision=precision, device="; ".join(facts)) as cap:
         hooks = _Hooks(model, cap)
         hooks.install()
         try:
@@ -246,6 +311,9 @@ def main(argv=None) -> int:
                     help="the dtype transformers runs in (default float32)")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
     ap.add_argument("--port", default="transformers", help="the name recorded as the trace's backend")
+    ap.add_argument("--cast-buffers", action="store_true",
+                    help="model.to(dtype) after loading, buffers included, as many scripts do: rounds "
+                         "RoPE's inv_freq to the dtype (a precision bug the diff blames at q_rope)")
     args = ap.parse_args(argv)
     try:
         tokens = [int(t) for t in args.tokens.split(",")]
@@ -272,13 +340,13 @@ def main(argv=None) -> int:
         print(f"parity_capture.hf: error: needs torch and transformers ({e})", file=sys.stderr)
         return 2
     try:
-        model = load_model(args.model_dir, args.dtype, args.device)
-        skipped = capture_transformers(model, args.model_dir, tokens, args.out, args.port, args.dtype)
+        model = load_model(args.model_dir, args.dtype, args.device, args.cast_buffers)
+        skipped = capture_transformers(model, args.model_dir, tokens, args.out, args.port)
     except CaptureError as e:
         print(f"parity_capture.hf: error: {e}", file=sys.stderr)
         return 2
-    print(f"parity_capture.hf: wrote {args.out} ({len(tokens)} tokens; not captured: scores"
-          + "".join(f", {s}" for s in sorted(skipped)) + ")")
+    print(f"parity_capture.hf: wrote {args.out} ({len(tokens)} tokens, precision "
+          f"{PRECISION_OF_DTYPE[args.dtype]}" + "".join(f"; not captured: {s}" for s in sorted(skipped)) + ")")
     return 0
 
 
