@@ -94,6 +94,26 @@ class PythonCapture(unittest.TestCase):
             bit = int(re.search(rf"#define PARITY_LAYOUT_{name} \(1u << (\d+)\)", header).group(1))
             self.assertEqual(getattr(pc, name), 1 << bit, name)
 
+    def test_precision_presets_are_the_tools(self):
+        from parity_capture import precision
+        r = run(os.path.join(ARGS.bin, "parity-diff"), "--list-precisions")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        tools = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+        self.assertEqual(list(tools), precision.preset_names())
+
+        def per_stage(policy):  # every stage's effective fields
+            base = {k: policy[k] for k in precision.FIELDS if k in policy}
+            base.setdefault("intermediate_unit_roundoff", base["accumulation_unit_roundoff"])
+            base.setdefault("operand_unit_roundoff", 0.0)
+            base.setdefault("bias_unit_roundoff", 0.0)
+            own = policy.get("stages", {})
+            return {s[0]: dict(base, **own.get(s[0], {})) for s in pc.STAGES}
+
+        for name, text in tools.items():
+            ours = precision.policy(name)
+            self.assertEqual(ours["name"], name)
+            self.assertEqual(per_stage(json.loads(text)), per_stage(ours), name)
+
     def record_everything(self, path, perturb=None):
         cfg = load_json(os.path.join(self.model, "config.json"))
         H, nH, nKV, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]

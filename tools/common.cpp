@@ -201,6 +201,36 @@ TraceMeta trace_meta(const Backend& backend, const Model& model) {
   return meta;
 }
 
+RecomputeResult trace_recompute(Backend& reference, const Model& model, const TraceReader& candidate,
+                                const PrecisionPolicy& policy, int step_rows,
+                                const std::string& reference_path, nlohmann::json run_facts) {
+  const TraceMeta& cm = candidate.meta();
+  std::set<int> positions;
+  for (const auto& e : candidate.entries()) positions.insert(e.key.position);
+  TraceMeta meta = trace_meta(reference, model);
+  meta.run_id = cm.run_id.empty() ? new_run_id() : cm.run_id;
+  TraceWriter writer(reference_path, meta, positions);
+  RecomputeOptions ro;
+  ro.tokens = cm.tokens;
+  ro.traced = positions;
+  ro.step_rows = step_rows;
+  ro.policy = policy;
+  const TraceCandidateRows rows(candidate);
+  const RecomputeResult rr = run_recompute(reference, rows, writer, ro);
+  run_facts["recompute"] = {{"precision", policy.to_json()},
+                            {"input_values", rr.input_values},
+                            {"not_in_storage", rr.not_in_storage},
+                            {"first_not_in_storage", rr.first_not_in_storage},
+                            {"bfloat16_values", rr.bfloat16_values},
+                            {"seconds", rr.seconds}};
+  writer.set_run(std::move(run_facts));
+  std::vector<int32_t> all_positions(cm.tokens.size());
+  for (size_t i = 0; i < all_positions.size(); ++i) all_positions[i] = int32_t(i);
+  writer.set_tokens(cm.tokens, all_positions);
+  writer.finish();
+  return rr;
+}
+
 LockstepResult trace_lockstep(Backend& reference, Backend& candidate, const Model& model,
                               const LockstepOptions& options, const std::string& reference_path,
                               const std::string& candidate_path, const nlohmann::json& run_facts) {

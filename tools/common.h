@@ -66,6 +66,16 @@ TraceMeta trace_meta(const Backend& backend, const Model& model);
 // run_lockstep with a TraceWriter on each side, both traces finished (with the run's tokens,
 // generated ones included) and in place when it returns; `run_facts` goes into both traces'
 // `run` attribute.
+// The reference trace of a candidate trace the reference cannot replay (a capture, or any trace
+// without replay): the reference's own rows and, recomputed from the candidate's own inputs, each
+// stage the candidate holds (model/recompute.h), at the candidate's positions, into
+// `reference_path`; the candidate's inputs are rounded to `policy`'s storage. The run attribute
+// holds run_facts and what the recompute saw of the candidate's values ("recompute"); the run id
+// is the candidate's.
+RecomputeResult trace_recompute(Backend& reference, const Model& model, const TraceReader& candidate,
+                                const PrecisionPolicy& policy, int step_rows,
+                                const std::string& reference_path, nlohmann::json run_facts);
+
 LockstepResult trace_lockstep(Backend& reference, Backend& candidate, const Model& model,
                               const LockstepOptions& options, const std::string& reference_path,
                               const std::string& candidate_path,

@@ -37,8 +37,11 @@ int diff_main(int argc, char** argv) {
   bool quiet = false;
   int count = 10;
   std::string precision;
-  app.add_option("A", a_path, "candidate trace (.h5)")->required();
-  app.add_option("B", b_path, "reference trace (.h5); relative error is taken against B")->required();
+  bool list_precisions = false;
+  app.add_flag("--list-precisions", list_precisions,
+               "print each precision preset as NAME and its policy (JSON), one per line, and exit");
+  auto* o_a = app.add_option("A", a_path, "candidate trace (.h5)");
+  auto* o_b = app.add_option("B", b_path, "reference trace (.h5); relative error is taken against B");
   app.add_option("OBJECTS", sel.paths,
                  "compare only these objects and what is under them (as h5diff): /pos_3, "
                  "/pos_3/layer_1, /pos_3/layer_1/qkv");
@@ -57,6 +60,12 @@ int diff_main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000000));
   if (const auto done = parse_command_line(app, "parity-diff", argc, argv)) return *done;
+  if (list_precisions) {
+    for (std::string_view name : PrecisionPolicy::preset_names())
+      std::cout << name << " " << PrecisionPolicy::preset(name).to_json().dump() << "\n";
+    return kExitOk;
+  }
+  if (o_a->count() == 0 || o_b->count() == 0) fail("give the two traces A and B (--help)");
 
   Criterion criterion = criterion_from_flags(cf);
   if (!precision.empty()) criterion.policy = PrecisionPolicy::preset(precision);

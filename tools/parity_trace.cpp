@@ -150,36 +150,15 @@ int trace_capture(const TraceReader& capture, const std::string& model,
   t0 = std::chrono::steady_clock::now();
   auto reference = make_backend("reference", *m);
   phases.push_back({"reference setup", since(t0)});
-  TraceMeta meta = trace_meta(*reference, *m);
-  meta.run_id = cm.run_id.empty() ? new_run_id() : cm.run_id;
   // The capture's inputs are rounded to the storage it declares (or the one --precision names).
   const PrecisionPolicy policy =
       criterion.policy.value_or(cm.precision_policy.value_or(PrecisionPolicy::float32(4)));
-  {
-    TraceWriter writer(ref_path.string(), meta, positions);
-    RecomputeOptions ro;
-    ro.tokens = tokens;
-    ro.traced = positions;
-    ro.step_rows = step_rows;
-    ro.policy = policy;
-    const TraceCandidateRows rows(capture);
-    const RecomputeResult rr = run_recompute(*reference, rows, writer, ro);
-    phases.push_back({"reference (free and recomputed rows)", rr.seconds});
-    t0 = std::chrono::steady_clock::now();
-    writer.set_run({{"candidate_trace", capture_path},
-                    {"step_rows", step_rows},
-                    {"recompute",
-                     {{"precision", policy.to_json()},
-                      {"input_values", rr.input_values},
-                      {"not_in_storage", rr.not_in_storage},
-                      {"first_not_in_storage", rr.first_not_in_storage},
-                      {"bfloat16_values", rr.bfloat16_values}}}});
-    std::vector<int32_t> all_positions(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) all_positions[i] = int32_t(i);
-    writer.set_tokens(tokens, all_positions);
-    writer.finish();
-    phases.push_back({"tracing", since(t0)});
-  }
+  t0 = std::chrono::steady_clock::now();
+  const RecomputeResult rr =
+      trace_recompute(*reference, *m, capture, policy, step_rows, ref_path.string(),
+                      {{"candidate_trace", capture_path}, {"step_rows", step_rows}});
+  phases.push_back({"reference (free and recomputed rows)", rr.seconds});
+  phases.push_back({"tracing", since(t0) - rr.seconds});
 
   t0 = std::chrono::steady_clock::now();
   const TraceReader b(ref_path.string());

@@ -838,14 +838,14 @@ void precision_warnings(const TraceReader& a, const TraceReader& b, DiffResult& 
                             ? rc["first_not_in_storage"].get<std::string>()
                             : std::string();
     result.warnings.push_back(fmt::format(
-        "{} declares {} storage, but {:.0f} of its {:.0f} input values are not numbers of that "
-        "format (the first in {}); the reference recomputed from them rounded as declared: "
-        "declare the precision the port stores in",
+        "{} is judged as {}, but {:.0f} of its {:.0f} input values are not numbers of the "
+        "storage format that declares (the first in {}); the reference recomputed from them "
+        "rounded to it: declare the precision the port stores in",
         a.path(), declared, outside, values, one_line(first, 80)));
   }
   if (values >= 64 && bf16 == values && storage < kUnitBfloat16)
     result.warnings.push_back(fmt::format(
-        "{} declares {}, but every one of its {:.0f} input values is a bfloat16 number: the "
+        "{} is judged as {}, but every one of its {:.0f} input values is a bfloat16 number: the "
         "port seems to store bfloat16; declare it (bfloat16, vllm-like, transformers-bf16) so "
         "that the bounds fit what it does",
         a.path(), declared, values));
