@@ -585,7 +585,34 @@ int parity_capture_close(parity_capture* cap) {
                  "{}: incomplete: {} never recorded ({} incomplete row(s) in all); not written",
                  where(c, name(s), position, layer, -1), what, c.partial.size()));
     }
+    std::vector<int32_t> positions(c.tokens.size());
+    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
+    c.writer->set_tokens(c.tokens, positions);
     c.writer->finish();
+  });
+}
+
+int parity_capture_append_tokens(parity_capture* cap, const int32_t* tokens, size_t n_tokens) {
+  if (cap == nullptr) return PARITY_CAPTURE_OK;
+  const std::lock_guard lock(cap->mutex);
+  return parity::run_guarded(cap, false, [&] {
+    using namespace parity;
+    parity_capture& c = *cap;
+    if (n_tokens > 0 && tokens == nullptr)
+      refuse(PARITY_CAPTURE_ERR_ARGUMENT,
+             fmt::format("capture {}: append_tokens: {} tokens at a null pointer", c.path, n_tokens));
+    if (uint64_t(c.tokens.size()) + uint64_t(n_tokens) > uint64_t(c.config.max_position_embeddings))
+      refuse(PARITY_CAPTURE_ERR_MODEL,
+             fmt::format("capture {}: {} tokens, past the context of {} positions", c.path,
+                         uint64_t(c.tokens.size()) + uint64_t(n_tokens),
+                         c.config.max_position_embeddings));
+    for (size_t i = 0; i < n_tokens; ++i)
+      if (tokens[i] < 0 || tokens[i] >= c.config.vocab_size)
+        refuse(PARITY_CAPTURE_ERR_MODEL,
+               fmt::format("capture {}: token id {} at position {} is out of range (vocabulary "
+                           "0..{})",
+                           c.path, tokens[i], c.tokens.size() + i, c.config.vocab_size - 1));
+    c.tokens.insert(c.tokens.end(), tokens, tokens + n_tokens);
   });
 }
 

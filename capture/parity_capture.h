@@ -84,7 +84,7 @@ extern "C" {
 #endif
 
 #define PARITY_CAPTURE_VERSION_MAJOR 1
-#define PARITY_CAPTURE_VERSION_MINOR 0
+#define PARITY_CAPTURE_VERSION_MINOR 1
 
 typedef struct parity_capture parity_capture;
 
@@ -170,6 +170,12 @@ PARITY_CAPTURE_API int parity_capture_record_copy(parity_capture* cap, const cha
                                                   const void* src, parity_capture_dtype dtype,
                                                   size_t count, unsigned layout,
                                                   parity_capture_copy_fn copy, void* user);
+
+/* Appends `n_tokens` token ids at the next positions: a port that generates as it goes appends
+ * each generated token, then records that position's rows. Refused, appending nothing, for an
+ * id outside the vocabulary or a count past the context. */
+PARITY_CAPTURE_API int parity_capture_append_tokens(parity_capture* cap, const int32_t* tokens,
+                                                    size_t n_tokens);
 
 /* Writes the capture and renames it into place, then frees the handle (whatever the outcome).
  * Refuses (and writes nothing) when a record was refused or a row is incomplete. */

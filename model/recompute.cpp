@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <fmt/format.h>
+#include <map>
+#include <tuple>
 
 #include "model/error.h"
 
@@ -62,12 +65,16 @@ class RecomputeStep {
       }
     first_ = first;
     rows_ = n;
+    rows_read_.clear();
     bool any_traced = false;
     for (int i = first; i < first + n; ++i) any_traced |= o_.traced.contains(i);
     ref_.begin_step(b);
+    int cached_layer = kModelLayer;
     walk_graph(c_, [&](int layer, Stage s) {
       // Nothing reads the head at positions that are not traced: it runs only where traced.
       if (!any_traced && layer == kModelLayer && s != Stage::embedding) return;
+      if (layer != cached_layer) rows_read_.clear();  // a layer's rows are read within it
+      cached_layer = layer;
       write_inputs(layer, s);
       ref_.run(s, layer);
       trace(layer, s);
@@ -92,14 +99,20 @@ class RecomputeStep {
     }
   }
 
-  // The candidate's row, rounded to the storage it declares for that stage.
-  StageData stored(int pos, const StageRef& src) {
-    StageData d = cand_.read(pos, src.layer, src.stage);
+  // The candidate's row, rounded to the storage it declares for that stage; read once per layer
+  // of a step (ffn_norm feeds router and mlp1, topk_idx three stages).
+  const StageData& stored(int pos, const StageRef& src) {
+    const auto key = std::tuple{pos, src.layer, src.stage};
+    if (const auto it = rows_read_.find(key); it != rows_read_.end()) return it->second;
+    StageData& d = rows_read_.emplace(key, cand_.read(pos, src.layer, src.stage)).first->second;
     if (info(src.stage).kind != ValueKind::Real) return d;
     const double unit = o_.policy.at(src.stage).storage;
+    // att's sink column is read by nothing (attn_out weighs the keys' values), and a port that
+    // drops it (NO_SINK) has it as 1 - the keys' sum, in no format.
+    const size_t sink_col = src.stage == Stage::att && d.dims.size() == 2 ? d.dims[1] - 1 : SIZE_MAX;
     for (size_t i = 0; i < d.size(); ++i) {
       const double x = d.at(i);
-      if (!std::isfinite(x)) continue;
+      if (!std::isfinite(x) || (sink_col != SIZE_MAX && i % d.dims[1] == sink_col)) continue;
       ++res_.input_values;
       const double r = round_to_storage(x, unit);
       if (round_to_storage(x, kUnitBfloat16) == x) ++res_.bfloat16_values;
@@ -125,7 +138,9 @@ class RecomputeStep {
       const int row = rows_ + r;
       obs_.record(with(key, Series::recompute), ref_.read(s, layer, row));
       if (auto m = ref_.magnitude(s, layer, row)) obs_.record(with(key, Series::recompute_magnitude), *m);
-      if (auto b = ref_.bias(s, layer, row)) obs_.record(with(key, Series::recompute_bias), *b);
+      // |bias| only where the candidate rounds its sum before the bias (its bound needs it).
+      if (o_.policy.at(s).bias > 0)
+        if (auto b = ref_.bias(s, layer, row)) obs_.record(with(key, Series::recompute_bias), *b);
     }
   }
 
@@ -142,6 +157,7 @@ class RecomputeStep {
   RecomputeResult& res_;
   const Config& c_;
   int first_ = 0, rows_ = 0;
+  std::map<std::tuple<int, int, Stage>, StageData> rows_read_;  // this layer's candidate rows
 };
 
 }  // namespace

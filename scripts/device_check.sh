@@ -263,10 +263,13 @@ step_hf-generate() {
   grep -E "^N=|loaded|torch" "$LOG_DIR/hf-generate.log"
 }
 
-# transformers' GptOss captured in every dtype (python -m parity_capture.hf) on golden/hf-tiny and
-# golden/hf-large (40 positions, past the sliding window) and, with SYNTH=1, on the synthetic 20b
-# (HF_20B_TOKENS positions); the captures stay in LOG_DIR/captures; judged with parity-trace
-# --candidate-trace when the build is there. transformers' own GptOss code is logged first.
+# transformers' GptOss captured in every dtype (python -m parity_capture.hf) and judged by
+# parity-trace --candidate-trace: HF_MODELS (default golden/hf-tiny and golden/hf-large at
+# HF_TOKENS positions, 40 by default: past the sliding window of 8; "20b" is the synthetic 20b at
+# HF_20B_TOKENS positions, synthesized under MODELS_DIR), HF_DTYPES (default all four), and on
+# hf-large in bfloat16 also with --cast-buffers (model.to(dtype) rounds RoPE's inv_freq). A
+# capture that fails (a model too large for the GPU in that dtype) is logged and skipped. The
+# captures stay in LOG_DIR/captures; transformers' own GptOss code is logged first.
 step_hf-capture() {
   python3 -c "import torch, transformers" 2>/dev/null || { echo "hf-capture: no torch/transformers here"; return 0; }
   local caps="$LOG_DIR/captures" tokens
@@ -283,29 +286,55 @@ for name in ("GptOssRMSNorm", "GptOssExperts", "GptOssTopKRouter", "GptOssMLP", 
     print(inspect.getsource(obj) if obj is not None else "(absent)")
 PY
   tokens="$(awk -v n="${HF_TOKENS:-40}" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), (7 + 7919 * i) % 512 }')"
-  local models=(hf-tiny hf-large)
-  [ "${SYNTH:-0}" = 1 ] && models+=(20b)
-  for m in "${models[@]}"; do
-    local dir="golden/$m" tk="$tokens"
+  local runs=()
+  for m in ${HF_MODELS:-hf-tiny hf-large}; do
+    for dtype in ${HF_DTYPES:-float64 float32 bfloat16 float16}; do
+      runs+=("$m:$dtype:")
+      [ "$m" = hf-large ] && [ "$dtype" = bfloat16 ] && runs+=("$m:$dtype:--cast-buffers")
+    done
+  done
+  for r in "${runs[@]}"; do
+    local m="${r%%:*}" rest="${r#*:}"
+    local dtype="${rest%%:*}" extra="${rest#*:}"
+    local dir="golden/$m" tk="$tokens" name="$m-$dtype${extra:+-cast}"
     if [ "$m" = 20b ]; then
       dir="$MODELS_DIR/20b"
       [ -f "$dir/config.json" ] || logged hf-capture "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$dir"
       tk="$(awk -v n="${HF_20B_TOKENS:-15}" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), (1 + 7919 * i) % 201088 }')"
     fi
-    for dtype in float64 float32 bfloat16 float16; do
-      logged hf-capture env PYTHONPATH=python python3 -m parity_capture.hf "$dir" --tokens "$tk" \
-        --out "$caps/$m-$dtype.h5" --dtype "$dtype" --device cuda
-      if [ -x "$bin/parity-trace" ]; then
-        set +e
-        "$bin/parity-trace" --model "$dir" --candidate-trace "$caps/$m-$dtype.h5" --out "$LOG_DIR/hfcap-$m-$dtype" \
-          >>"$LOG_DIR/hf-capture.log" 2>&1
-        echo "$m $dtype: parity-trace exit $?" | tee -a "$LOG_DIR/hf-capture.log"
-        set -e
-        grep -E "^(PASS|DIVERGED)|^timing" "$LOG_DIR/hfcap-$m-$dtype/report.txt" | sed "s/^/  /" | tee -a "$LOG_DIR/hf-capture.log"
-        cp "$LOG_DIR/hfcap-$m-$dtype/report.txt" "$LOG_DIR/hfcap-$m-$dtype-report.txt"
-        rm -rf "$LOG_DIR/hfcap-$m-$dtype"
-      fi
-    done
+    local t0=$SECONDS
+    set +e
+    PYTHONPATH=python python3 -m parity_capture.hf "$dir" --tokens "$tk" --out "$caps/$name.h5" \
+      --dtype "$dtype" --device cuda $extra >>"$LOG_DIR/hf-capture.log" 2>&1
+    local rc=$?
+    set -e
+    echo "$name: capture exit $rc in $((SECONDS - t0)) s" | tee -a "$LOG_DIR/hf-capture.log"
+    [ $rc -eq 0 ] || { tail -n 5 "$LOG_DIR/hf-capture.log"; continue; }
+    [ -x "$bin/parity-trace" ] || continue
+    set +e
+    "$bin/parity-trace" --model "$dir" --candidate-trace "$caps/$name.h5" --out "$LOG_DIR/hfcap-$name" \
+      >>"$LOG_DIR/hf-capture.log" 2>&1
+    echo "$name: parity-trace exit $?" | tee -a "$LOG_DIR/hf-capture.log"
+    set -e
+    grep -E "^(PASS|DIVERGED)|^timing|^warning" "$LOG_DIR/hfcap-$name/report.txt" | cut -c1-400 | sed "s/^/  /" |
+      tee -a "$LOG_DIR/hf-capture.log"
+    cp "$LOG_DIR/hfcap-$name/report.txt" "$LOG_DIR/hfcap-$name-report.txt"
+    python3 - "$LOG_DIR/hfcap-$name/report.json" <<'PY' | tee -a "$LOG_DIR/hf-capture.log"
+import json, sys
+j = json.load(open(sys.argv[1]))
+worst, failed = {}, {}
+for d in j["datasets"]:
+    s = (d.get("local") or {}).get("share")
+    if d["stage"] in ("topk_idx", "sampled") or s is None:
+        continue
+    worst[d["stage"]] = max(worst.get(d["stage"], 0), s)
+    if d["status"] == "fail":
+        failed[d["stage"]] = failed.get(d["stage"], 0) + 1
+print("  local share, max per stage: " + ", ".join(f"{k} {v:.3g}" for k, v in worst.items()))
+if failed:
+    print("  failed datasets per stage: " + ", ".join(f"{k} {v}" for k, v in failed.items()))
+PY
+    rm -rf "$LOG_DIR/hfcap-$name"
   done
   ls -la "$caps" | tee -a "$LOG_DIR/hf-capture.log"
 }

@@ -312,6 +312,41 @@ TEST(CaptureApi, AnIncompleteRowIsNotWritten) {
   EXPECT_FALSE(fs::exists(f.path));
 }
 
+TEST(CaptureApi, TokensAppendedAsAPortGeneratesThem) {
+  CaptureFile f;
+  parity_capture* cap = nullptr;
+  const parity_capture_options o{"generating-port", "float32", nullptr};
+  ASSERT_EQ(parity_capture_open(&cap, f.path.c_str(), test::tiny_model_dir().c_str(), kTokenIds, 3, &o),
+            PARITY_CAPTURE_OK)
+      << parity_capture_last_error();
+  const std::vector<float> e = as_float(reference_rows().rows.at({3, kModelLayer, Stage::embedding}));
+  // Position 3 is past the prompt until its token is appended.
+  EXPECT_EQ(record(cap, "embedding", 3, -1, e), PARITY_CAPTURE_ERR_STAGE);
+  const int32_t bad[] = {kTokenIds[3], 1024};
+  EXPECT_EQ(parity_capture_append_tokens(cap, bad, 2), PARITY_CAPTURE_ERR_MODEL);
+  EXPECT_NE(std::string(parity_capture_last_error()).find("token id 1024 at position 4"),
+            std::string::npos)
+      << parity_capture_last_error();
+  parity_capture_abandon(cap);  // the refused record above leaves nothing to write
+
+  ASSERT_EQ(parity_capture_open(&cap, f.path.c_str(), test::tiny_model_dir().c_str(), kTokenIds, 3, &o),
+            PARITY_CAPTURE_OK);
+  for (int p = 0; p < kTokens; ++p) {
+    if (p >= 3) {
+      ASSERT_EQ(parity_capture_append_tokens(cap, &kTokenIds[p], 1), PARITY_CAPTURE_OK);
+    }
+    ASSERT_EQ(record(cap, "embedding", p, -1,
+                     as_float(reference_rows().rows.at({p, kModelLayer, Stage::embedding}))),
+              PARITY_CAPTURE_OK)
+        << parity_capture_last_error();
+  }
+  ASSERT_EQ(parity_capture_close(cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  const TraceReader t(f.path);
+  EXPECT_EQ(t.meta().tokens, std::vector<int32_t>(kTokenIds, kTokenIds + kTokens));
+  EXPECT_EQ(t.meta().positions, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(parity_capture_append_tokens(nullptr, nullptr, 7), PARITY_CAPTURE_OK);
+}
+
 TEST(CaptureApi, ANullHandleIsANoOpAndCopiesNothing) {
   int copies = 0;
   const auto copy = [](void*, const void*, size_t, void* user) {

@@ -256,16 +256,26 @@ class PythonCapture(unittest.TestCase):
         copy = os.path.join(self.tmp, "copy")
         shutil.copytree(self.model, copy)
         os.remove(os.path.join(copy, ".parity-fingerprint.json"))
+        # Without xxhash (simulated: the test machine has python3-xxhash) and without the cache.
+        saved = sys.modules.get("xxhash")
+        sys.modules["xxhash"] = None  # `import xxhash` raises ImportError
         try:
-            import xxhash  # noqa: F401
-        except ImportError:
             self.assertEqual(pc.checkpoint_fingerprint(copy), "")
             path = os.path.join(self.tmp, "no-fingerprint.h5")
-            with pc.Capture(path, copy, TOKENS) as cap:
+            with self.assertWarns(pc.FingerprintWarning) as w:
+                cap = pc.Capture(path, copy, TOKENS)
+            self.assertIn("python3-xxhash", str(w.warning))
+            self.assertIn("the diff will check the config only", str(w.warning))
+            with cap:
                 cap.record("embedding", 0, -1, self.ref(0, -1, "embedding").astype(np.float32))
-            r, _ = self.trace(path)
-            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            self.assertIn("the capture records no fingerprint; only its config was checked", r.stdout)
+        finally:
+            if saved is None:
+                del sys.modules["xxhash"]
+            else:
+                sys.modules["xxhash"] = saved
+        r, _ = self.trace(path)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("the capture records no fingerprint; only its config was checked", r.stdout)
         # A capture of the same weights under another config is refused by parity-trace.
         other = os.path.join(self.tmp, "other")
         shutil.copytree(self.model, other)
@@ -281,6 +291,54 @@ class PythonCapture(unittest.TestCase):
         self.assertEqual(len(r.stdout.splitlines()) + len(r.stderr.splitlines()), 1, r.stdout + r.stderr)
         self.assertIn(f"{path}: a capture of another model", r.stderr)
         self.assertIn("swiglu_limit", r.stderr)
+
+    def test_generated_tokens_are_appended_as_the_port_goes(self):
+        path = os.path.join(self.tmp, "appended.h5")
+        with pc.Capture(path, self.model, TOKENS[:8], port="generating-port", precision="float64") as cap:
+            for p in range(len(TOKENS)):
+                if p >= 8:  # the port generated this token: append it, then record its rows
+                    cap.append_tokens([TOKENS[p]])
+                for stage in ("embedding", "final_norm", "logits"):
+                    cap.record(stage, p, -1, self.ref(p, -1, stage))
+        # A position past the tokens appended so far, a token outside the vocabulary: refused.
+        other = pc.Capture(os.path.join(self.tmp, "appended-bad.h5"), self.model, TOKENS[:8])
+        with self.assertRaises(pc.CaptureError) as e:
+            other.record("embedding", 8, -1, self.ref(8, -1, "embedding"))
+        self.assertIn("positions 0..7", str(e.exception))
+        with self.assertRaises(pc.CaptureError) as e:
+            other.append_tokens([5, 1024])
+        self.assertIn("token id 1024 at position 9 is out of range", str(e.exception))
+        self.assertEqual(len(other.tokens), 8, "nothing of a refused append is kept")
+        other.abandon()
+        with h5py.File(path, "r") as f:
+            self.assertEqual(list(f.attrs["tokens"]), TOKENS)
+            self.assertEqual(list(f.attrs["positions"]), list(range(len(TOKENS))))
+        r, out = self.trace(path)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        report = load_json(os.path.join(out, "report.json"))
+        self.assertEqual(report["tokens"], TOKENS)
+        with self.assertRaises(pc.CaptureError) as e:
+            pc.Capture(os.path.join(self.tmp, "floats.h5"), self.model, [1.0, 2.5])
+        self.assertIn("token ids are integers, not float64", str(e.exception))
+
+    def test_the_package_installs_with_pip(self):
+        import importlib.util
+        missing = [m for m in ("pip", "setuptools") if importlib.util.find_spec(m) is None]
+        if missing:
+            self.skipTest(f"{' and '.join(missing)} missing: Debian's python3-pip and python3-setuptools")
+        src = os.path.join(self.tmp, "pkg-src")
+        shutil.copytree(os.path.join(ARGS.source, "python"), src,
+                        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+        target = os.path.join(self.tmp, "pkg")
+        r = run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                "--target", target, src)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        env = dict(os.environ, PYTHONPATH=target)
+        r = run(sys.executable, "-c", "import parity_capture, parity_capture.hf, parity_capture.precision as p; "
+                "print(parity_capture.__file__); print(p.preset_names())", env=env, cwd=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(r.stdout.startswith(target), r.stdout)
+        self.assertIn("transformers-bf16", r.stdout)
 
     def test_hf_adapter_command_line_without_torch(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(ARGS.source, "python"))

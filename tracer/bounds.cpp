@@ -174,17 +174,23 @@ void softmax_row(const Units& u, std::span<const double> g, std::span<const doub
   size_t n = 0;
   for (double v : g)
     if (std::isfinite(v)) m = std::max(m, v), ++n;
+  // A logit this far below the maximum masks as -inf does (its weight underflows in float32 and
+  // bfloat16: transformers masks with finfo.min): 0 to twice its weight, nothing in Z.
+  constexpr double kMaskedGap = 110;
+  auto masked = [&](double v) { return !std::isfinite(v) || v < m - kMaskedGap; };
   std::vector<double> eps(g.size(), 0);
   double z_rel = u.sum(double(n)) * u.ua;
   for (size_t j = 0; j < g.size(); ++j) {
-    if (!std::isfinite(g[j])) continue;
+    if (masked(g[j])) continue;
     // The argument's error d moves exp by a factor e^d: expm1, not d, once d is not small (a
     // bfloat16 subtraction of a logit 32 below the maximum errs by 0.125: 13 %).
     eps[j] = std::expm1(u.in * std::fabs(g[j]) + u.ue * std::fabs(g[j] - m)) + u.F * u.ua;
     z_rel += std::fabs(p[j]) * eps[j];
   }
   for (size_t j = 0; j < g.size(); ++j)
-    b[j] = std::isfinite(g[j]) ? std::fabs(p[j]) * (eps[j] + z_rel + u.ua + u.us) : 0.0;
+    b[j] = !std::isfinite(g[j]) ? 0.0
+           : masked(g[j])       ? std::fabs(p[j])
+                                : std::fabs(p[j]) * (eps[j] + z_rel + u.ua + u.us);
 }
 
 std::vector<double> att(const Units& u, int layer, BoundSource& src) {

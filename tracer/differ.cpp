@@ -296,7 +296,8 @@ ValueComparison compare_values(const StageData& a, const StageData& b,
       v.max_rel_err = rel;
       v.max_rel_index = i;
     }
-    const double share = bnd > 0 ? diff / bnd : (diff == 0 ? 0 : kInf);
+    // A bound that is not a number holds nothing: the element fails (never a silent pass).
+    const double share = std::isnan(bnd) ? kInf : bnd > 0 ? diff / bnd : (diff == 0 ? 0 : kInf);
     if (share > v.share) {
       v.share = share;
       v.share_index = i;
@@ -308,7 +309,7 @@ ValueComparison compare_values(const StageData& a, const StageData& b,
     norm_a += x * x;
     norm_b += y * y;
     err2 += (x - y) * (x - y);
-    if (diff > bnd) note_mismatch(v, {i, x, y, diff, rel, bnd}, max_listed);
+    if (!(diff <= bnd)) note_mismatch(v, {i, x, y, diff, rel, bnd}, max_listed);
   }
   if (norm_a == 0 && norm_b == 0)
     v.cosine = 1;

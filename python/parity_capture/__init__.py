@@ -41,6 +41,7 @@ import json
 import os
 import secrets
 import stat
+import warnings
 
 import h5py
 import numpy as np
@@ -48,13 +49,13 @@ import numpy as np
 from . import precision as _precision
 
 __all__ = [
-    "Capture", "CaptureError", "STAGES", "stage_shape", "checkpoint_fingerprint",
+    "Capture", "CaptureError", "FingerprintWarning", "STAGES", "stage_shape", "checkpoint_fingerprint",
     "ROPE_INTERLEAVED", "SINK_FIRST", "NO_SINK", "GATE_UP_HALVES", "QKV_Q", "QKV_K", "QKV_V",
 ]
 
 TRACE_FORMAT = "gpt-oss-parity-trace"
 TRACE_FORMAT_VERSION = 2
-CAPTURE_VERSION = "1.0"
+CAPTURE_VERSION = "1.1"
 
 # The layout flags, the same bits as parity_capture.h.
 ROPE_INTERLEAVED = 1 << 0
@@ -112,6 +113,10 @@ _LAYOUTS_FOR = {
 class CaptureError(ValueError):
     """A record, a model directory or a file the capture refuses; the message is one line naming
     the file, stage, layer and position."""
+
+
+class FingerprintWarning(UserWarning):
+    """The capture records no checkpoint fingerprint: the diff will check the config only."""
 
 
 class _Config:
@@ -243,8 +248,9 @@ def _layout_text(layout: int) -> str:
 
 class Capture:
     """A capture of one run of a port: open it for the checkpoint directory and the token ids at
-    positions 0, 1, ...; record stage rows; close() writes the file (a context manager closes on
-    success and abandons on an exception)."""
+    positions 0, 1, ... (the prompt; append_tokens() adds the tokens a port generates as it goes);
+    record stage rows; close() writes the file (a context manager closes on success and abandons
+    on an exception)."""
 
     def __init__(self, path, model_dir, tokens, port: str = "capture-python",
                  precision: str = "float32", device: str | None = None):
@@ -266,17 +272,11 @@ class Capture:
         if not isinstance(raw, dict):
             raise CaptureError(f"capture {self.path}: {config_path} is not a JSON object")
         self.config = _Config(raw, config_path)
-        tokens = [int(t) for t in np.asarray(_to_numpy(tokens)).reshape(-1)]
-        if not tokens:
+        self._model_dir = model_dir
+        self.tokens = []
+        self.tokens = self._checked_tokens(tokens)
+        if not self.tokens:
             raise CaptureError(f"capture {self.path}: no tokens")
-        if len(tokens) > self.config.context:
-            raise CaptureError(f"capture {self.path}: {len(tokens)} tokens, past the context of "
-                               f"{model_dir} ({self.config.context} positions)")
-        for i, t in enumerate(tokens):
-            if not 0 <= t < self.config.vocab:
-                raise CaptureError(f"capture {self.path}: token id {t} at position {i} is out of "
-                                   f"range for {model_dir} (vocabulary 0..{self.config.vocab - 1})")
-        self.tokens = tokens
         self._written = set()
         self._partial = {}
         self._refused = []
@@ -293,7 +293,18 @@ class Capture:
         self._str(attrs, "backend", port or "capture-python")
         self._str(attrs, "precision", f"{precision}, as declared by the port")
         self._str(attrs, "config", json.dumps(raw, sort_keys=True))
-        self._str(attrs, "checkpoint_fingerprint", checkpoint_fingerprint(model_dir))
+        fingerprint = checkpoint_fingerprint(model_dir)
+        if not fingerprint:
+            try:
+                import xxhash  # noqa: F401
+                why = "no .safetensors files to hash"
+            except ImportError:
+                why = ("no xxhash module (Debian: python3-xxhash; pip: xxhash) and no valid "
+                       ".parity-fingerprint.json beside the checkpoint (any gpt-oss-parity tool that "
+                       "loads it writes one)")
+            warnings.warn(f"capture {self.path}: no checkpoint fingerprint for {model_dir}: {why}; "
+                          "the diff will check the config only", FingerprintWarning, stacklevel=2)
+        self._str(attrs, "checkpoint_fingerprint", fingerprint)
         self._str(attrs, "model_dir", model_dir)
         self._str(attrs, "tool_version", f"parity_capture.py {CAPTURE_VERSION}")
         self._str(attrs, "commit", "unknown")
@@ -304,8 +315,30 @@ class Capture:
         attrs.create("replay", np.int32(0))
         self._str(attrs, "run", json.dumps({"capture": {"api": "python", "precision": precision}}))
         self._str(attrs, "run_id", secrets.token_hex(16))
-        attrs.create("tokens", np.asarray(tokens, dtype=np.int32))
-        attrs.create("positions", np.arange(len(tokens), dtype=np.int32))
+
+    def _checked_tokens(self, tokens) -> list:
+        """Token ids following self.tokens, checked against the vocabulary and the context."""
+        array = np.asarray(_to_numpy(tokens))
+        if array.size and array.dtype.kind not in "iu":
+            raise CaptureError(f"capture {self.path}: token ids are integers, not {array.dtype}")
+        ids = [int(t) for t in array.reshape(-1)]
+        first = len(self.tokens)
+        if first + len(ids) > self.config.context:
+            raise CaptureError(f"capture {self.path}: {first + len(ids)} tokens, past the context of "
+                               f"{self._model_dir} ({self.config.context} positions)")
+        for i, t in enumerate(ids):
+            if not 0 <= t < self.config.vocab:
+                raise CaptureError(f"capture {self.path}: token id {t} at position {first + i} is out "
+                                   f"of range for {self._model_dir} (vocabulary 0..{self.config.vocab - 1})")
+        return ids
+
+    def append_tokens(self, tokens):
+        """Appends token ids at the next positions (a port generating as it goes: record the
+        generated token's position after appending it). The file's token list is written at
+        close()."""
+        if self._file is None:
+            raise CaptureError(f"capture {self.path}: append_tokens() after close() or abandon()")
+        self.tokens.extend(self._checked_tokens(tokens))
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -467,6 +500,8 @@ class Capture:
                         else f"the {', '.join('qkv'[i] for i in missing)} part(s)")
                 raise CaptureError(f"{self._where(stage, position, layer, -1)}: incomplete: {what} never "
                                    f"recorded ({len(self._partial)} incomplete row(s) in all); not written")
+            self._file.attrs.create("tokens", np.asarray(self.tokens, dtype=np.int32))
+            self._file.attrs.create("positions", np.arange(len(self.tokens), dtype=np.int32))
             self._file.close()
             self._file = None
             os.replace(self._tmp, self.path)
