@@ -27,7 +27,9 @@
 // output of that layer.
 #include "device/hip_backend.h"
 
+#include <algorithm>
 #include <bitset>
+#include <span>
 #include <vector>
 
 #include "device/build_facts.h"
@@ -68,6 +70,7 @@ class HipBackend final : public Backend {
   StageData read(Stage s, int layer, int row) override;
   void write(Stage s, int layer, int row, const StageData& data) override;
   void reset() override { rt_.clear(); }
+  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override;
 
  private:
   float* out(Stage s) const { return rt_.arena().out(s); }
@@ -149,6 +152,41 @@ void HipBackend::check_row(const char* what, Stage s, int layer, int row) const 
   if (!ran_.test(size_t(s)) || ran_layer_[size_t(s)] != layer)
     fail("hip backend: {}({}, layer {}) before that stage ran in this step", what, parity::name(s),
          layer);
+}
+
+// The paged cache's rows of one layer, block by block (KvLayout: [slot][K, V][position in
+// block][kv_dim] float32 per block); a block a sliding layer released reads as zeros.
+std::optional<KvRows> HipBackend::cache_rows(int seq, int layer, int first, int count) {
+  const KvCachePool& kv = rt_.kv();
+  const KvLayout& L = kv.layout();
+  if (layer < 0 || layer >= c_.num_hidden_layers || first < 0 || count < 0 ||
+      first + count > kv.blocks().length(seq))
+    fail("hip: cache rows {}..{} of sequence {}, layer {}: not cached (length {})", first,
+         first + count - 1, seq, layer, kv.blocks().length(seq));
+  const int g = L.group_of_layer[size_t(layer)], slot = L.slot_of_layer[size_t(layer)];
+  const size_t bs = size_t(L.block_size), kvd = size_t(L.kv_dim);
+  const std::span<const int32_t> table = kv.blocks().table(seq, g);
+  KvRows r;
+  r.count = count;
+  r.k.assign(size_t(count) * kvd, 0.0);
+  r.v.assign(size_t(count) * kvd, 0.0);
+  std::vector<float> block(2 * bs * kvd);
+  const hipStream_t st = rt_.stream();
+  for (int b = first >> L.block_shift; b <= (first + count - 1) >> L.block_shift && count > 0; ++b) {
+    const int32_t id = table[size_t(b)];
+    if (id == kNoBlock) continue;
+    const float* src = kv.data() + size_t(id) * L.block_floats() + size_t(slot) * 2 * bs * kvd;
+    HIP_CHECK(hipMemcpyAsync(block.data(), src, block.size() * sizeof(float), hipMemcpyDeviceToHost, st));
+    HIP_CHECK(hipStreamSynchronize(st));
+    for (size_t i = 0; i < bs; ++i) {
+      const int64_t pos = int64_t(b) * int64_t(bs) + int64_t(i);
+      if (pos < first || pos >= first + count) continue;
+      const size_t at = size_t(pos - first) * kvd;
+      std::copy_n(block.data() + i * kvd, kvd, r.k.begin() + long(at));
+      std::copy_n(block.data() + (bs + i) * kvd, kvd, r.v.begin() + long(at));
+    }
+  }
+  return r;
 }
 
 StageData HipBackend::read(Stage s, int layer, int row) {

@@ -59,6 +59,13 @@ struct StageData {
 // Dimensions of one row of a stage at a given position (keys = pos + 1 for scores/att).
 std::vector<size_t> stage_dims(const Config& c, Stage s, int pos);
 
+// Rows of one layer's KV cache: k_rope and v of `count` consecutive positions, each
+// [count, nKV, d] row-major.
+struct KvRows {
+  int count = 0;
+  std::vector<double> k, v;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -99,6 +106,17 @@ class Backend {
   // mlp1 and mlp2 the bias of the expert in each slot). By the reference; nullopt for other
   // stages and other backends.
   virtual std::optional<StageData> bias(Stage, int /*layer*/, int /*row*/) { return std::nullopt; }
+  // The KV cache rows of sequence `seq` at `layer` for positions [first, first + count), as the
+  // backend holds them (k_rope and v as its stages wrote them). Positions a sliding-window layer
+  // has released (out of every window still to be read) come back as zeros. nullopt where the
+  // backend cannot hand its cache over.
+  virtual std::optional<KvRows> cache_rows(int /*seq*/, int /*layer*/, int /*first*/, int /*count*/) {
+    return std::nullopt;
+  }
+  // Appends `rows` to the end of sequence `seq`'s cache at `layer`: a prefix another backend
+  // computed, so that this one runs only the positions after it. Every layer must be given the
+  // same number of rows before the sequence's next step. Throws where the backend cannot.
+  virtual void load_cache(int /*seq*/, int /*layer*/, const KvRows& /*rows*/);
   // Drops every sequence's KV cache.
   virtual void reset() = 0;
 };

@@ -44,4 +44,8 @@ std::map<int, SequenceStep> check_batch(const Batch& b, const Config& c, int max
   return steps;
 }
 
+void Backend::load_cache(int, int, const KvRows&) {
+  fail("backend {} cannot take another backend's KV cache rows", name());
+}
+
 }  // namespace parity

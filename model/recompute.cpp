@@ -17,10 +17,11 @@ std::string MissingInput::describe() const {
   return fmt::format("{} of layer {} at position {}", name(ref.stage), ref.layer, position);
 }
 
-RecomputeCoverage::RecomputeCoverage(const CandidateRows& rows, const Config& c, int last)
+RecomputeCoverage::RecomputeCoverage(const CandidateRows& rows, const Config& c, int last,
+                                     int cache_given)
     : rows_(rows), c_(c), first_missing_cache_(size_t(c.num_hidden_layers), last + 1) {
   for (int layer = 0; layer < c.num_hidden_layers; ++layer)
-    for (int p = 0; p <= last; ++p)
+    for (int p = cache_given; p <= last; ++p)
       if (!rows.has(p, layer, Stage::k_rope) || !rows.has(p, layer, Stage::v)) {
         first_missing_cache_[size_t(layer)] = p;
         break;
@@ -59,12 +60,14 @@ class RecomputeStep {
     Batch b;
     for (int seq : {0, kRecomputeSequence})
       for (int i = first; i < first + n; ++i) {
+        if (seq == 0 && !o_.free_rows) continue;
         b.tokens.push_back(o_.tokens[size_t(i)]);
         b.positions.push_back(i);
         b.seqs.push_back(seq);
       }
     first_ = first;
     rows_ = n;
+    free_ = o_.free_rows ? n : 0;
     rows_read_.clear();
     bool any_traced = false;
     for (int i = first; i < first + n; ++i) any_traced |= o_.traced.contains(i);
@@ -94,7 +97,7 @@ class RecomputeStep {
         const int pos = first_ + r;
         if (!traced(r) && in.kind != InputKind::append) continue;
         if (!cand_.has(pos, src->layer, src->stage)) continue;
-        ref_.write(src->stage, src->layer, rows_ + r, stored(pos, *src));
+        ref_.write(src->stage, src->layer, free_ + r, stored(pos, *src));
       }
     }
   }
@@ -135,7 +138,7 @@ class RecomputeStep {
         if (auto m = ref_.magnitude(s, layer, r)) obs_.record(with(key, Series::magnitude), *m);
       }
       if (coverage_.missing(pos, layer, s)) continue;
-      const int row = rows_ + r;
+      const int row = free_ + r;
       obs_.record(with(key, Series::recompute), ref_.read(s, layer, row));
       if (auto m = ref_.magnitude(s, layer, row)) obs_.record(with(key, Series::recompute_magnitude), *m);
       // |bias| only where the candidate rounds its sum before the bias (its bound needs it).
@@ -157,6 +160,7 @@ class RecomputeStep {
   RecomputeResult& res_;
   const Config& c_;
   int first_ = 0, rows_ = 0;
+  int free_ = 0;  // rows of the free sequence in the step (0 without free rows)
   std::map<std::tuple<int, int, Stage>, StageData> rows_read_;  // this layer's candidate rows
 };
 
@@ -178,14 +182,20 @@ RecomputeResult run_recompute(Backend& reference, const CandidateRows& candidate
     fail("recompute: traced position {} is not one of the {} token positions",
          *o.traced.begin() < 0 ? *o.traced.begin() : *o.traced.rbegin(), o.tokens.size());
   if (o.step_rows < 1) fail("recompute: step of {} rows: at least one row per step", o.step_rows);
+  if (o.first_position < 0 || o.first_position > *o.traced.begin())
+    fail("recompute: first position {} is past the first traced position {}", o.first_position,
+         *o.traced.begin());
+  if (o.first_position > 0 && o.free_rows)
+    fail("recompute: the free reference has no prefix when the run starts at position {}",
+         o.first_position);
 
   RecomputeResult res;
   const auto t0 = Clock::now();
   const int last = *o.traced.rbegin();
-  const RecomputeCoverage coverage(candidate, c, last);
-  reference.reset();
+  const RecomputeCoverage coverage(candidate, c, last, o.first_position);
+  if (o.first_position == 0) reference.reset();
   RecomputeStep step(reference, candidate, observer, o, coverage, res);
-  for (int first = 0; first <= last; first += o.step_rows)
+  for (int first = o.first_position; first <= last; first += o.step_rows)
     step.run(first, std::min(o.step_rows, last + 1 - first));
   res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return res;

@@ -43,8 +43,9 @@ struct MissingInput {
 // Which stages of which positions the candidate's rows let the reference recompute.
 class RecomputeCoverage {
  public:
-  // Scans the rows of positions 0..last.
-  RecomputeCoverage(const CandidateRows& rows, const Config& c, int last);
+  // Scans the rows of positions 0..last; the KV-cache rows of positions below `cache_given` are
+  // the candidate's whatever the rows hold (handed to the reference directly: load_cache).
+  RecomputeCoverage(const CandidateRows& rows, const Config& c, int last, int cache_given = 0);
   // The first input of (position, layer, s) the candidate lacks; nullopt when every input is
   // there (the stage can be judged by its local error).
   std::optional<MissingInput> missing(int position, int layer, Stage s) const;
@@ -62,6 +63,10 @@ struct RecomputeOptions {
   int step_rows = 64;           // positions per step (the reference runs twice as many rows)
   PrecisionPolicy policy;       // the candidate's: its inputs are rounded to each stage's storage
   bool free_rows = true;        // also trace the free reference (output and magnitude rows)
+  // The reference's recompute sequence already caches the candidate's KV rows of positions
+  // 0..first_position-1 (Backend::load_cache): the run starts there, nothing is reset, and there
+  // are no free rows (the free reference would need its own prefix).
+  int first_position = 0;
 };
 
 struct RecomputeResult {

@@ -373,6 +373,37 @@ class CpuBackend final : public Backend {
     }
   }
 
+  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
+    const auto it = caches_.find(seq);
+    const size_t kv = size_t(c_.kv_dim());
+    if (it == caches_.end() || layer < 0 || layer >= c_.num_hidden_layers || first < 0 || count < 0 ||
+        size_t(first + count) * kv > it->second.k[size_t(layer)].size())
+      fail("{}: cache rows {}..{} of sequence {}, layer {}: not cached", name(), first,
+           first + count - 1, seq, layer);
+    KvRows r;
+    r.count = count;
+    const auto& k = it->second.k[size_t(layer)];
+    const auto& v = it->second.v[size_t(layer)];
+    r.k.assign(k.begin() + long(size_t(first) * kv), k.begin() + long(size_t(first + count) * kv));
+    r.v.assign(v.begin() + long(size_t(first) * kv), v.begin() + long(size_t(first + count) * kv));
+    return r;
+  }
+
+  void load_cache(int seq, int layer, const KvRows& rows) override {
+    const size_t kv = size_t(c_.kv_dim()), n = size_t(rows.count) * kv;
+    if (layer < 0 || layer >= c_.num_hidden_layers || rows.count < 0 || rows.k.size() != n ||
+        rows.v.size() != n)
+      fail("{}: load_cache: {} rows of layer {} with {} and {} values (a row is {})", name(),
+           rows.count, layer, rows.k.size(), rows.v.size(), kv);
+    Cache& cache = caches_[seq];
+    cache.k.resize(size_t(c_.num_hidden_layers));
+    cache.v.resize(size_t(c_.num_hidden_layers));
+    auto& k = cache.k[size_t(layer)];
+    auto& v = cache.v[size_t(layer)];
+    k.insert(k.end(), rows.k.begin(), rows.k.end());
+    v.insert(v.end(), rows.v.begin(), rows.v.end());
+  }
+
   void reset() override { caches_.clear(); }
 
  private:

@@ -7,7 +7,7 @@
 #
 # Usage: scripts/device_check.sh [STEP...]
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
-#         hf-generate engine-gpus hf-capture (default: all but the last three)
+#         hf-generate engine-gpus hf-capture long-pos (default: all but the last four)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # CUDA_ARCH / HIP_ARCH (90 / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
@@ -339,6 +339,27 @@ PY
   ls -la "$caps" | tee -a "$LOG_DIR/hf-capture.log"
 }
 
+# Long positions at the cost of one: the synthetic 20b at position LONG_POS (default 32768) with
+# --skip-reference-prefix (the device runs the prefix and hands its KV cache to the reference,
+# which recomputes that one position from it), and at 2049 (LONG_RUNS="POS:FLAGS ..." chooses;
+# "2049:" runs the reference's prefix as before, for comparison).
+step_long-pos() {
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged long-pos "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  local runs=(${LONG_RUNS:-"2049:--skip-reference-prefix" "${LONG_POS:-32768}:--skip-reference-prefix"})
+  for r in "${runs[@]}"; do
+    local pos="${r%%:*}" flag="${r#*:}" t0=$SECONDS
+    set +e
+    "$bin/parity-trace" --model "$MODELS_DIR/20b" --token 0 --pos "$pos" --candidate hip --step 2048 \
+      $flag --out "$LOG_DIR/long-$pos" >>"$LOG_DIR/long-pos.log" 2>&1
+    local rc=$?
+    set -e
+    echo "20b pos $pos ${flag:-(reference prefix run)}: exit $rc in $((SECONDS - t0)) s" | tee -a "$LOG_DIR/long-pos.log"
+    [ $rc -ge 2 ] && { tail -n 20 "$LOG_DIR/long-pos.log"; return 1; }
+    grep -E "^(PASS|DIVERGED)|^timing" "$LOG_DIR/long-$pos/report.txt" | cut -c1-600 | sed "s/^/  /" | tee -a "$LOG_DIR/long-pos.log"
+    rm -rf "$LOG_DIR/long-$pos"
+  done
+}
+
 # Several GPUs of one host: the same 128 requests (64 tokens each) on 1 GPU, on every GPU (--gpus all), and
 # through mpirun with one rank per GPU; the outputs must be equal.
 step_engine-gpus() {
@@ -363,8 +384,8 @@ step_engine-gpus() {
 for s in "${steps[@]}"; do
   case "$s" in
     build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
-      hf-generate | engine-gpus | hf-capture) "step_$s" ;;
+      hf-generate | engine-gpus | hf-capture | long-pos) "step_$s" ;;
     *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
-         "engine-bench hf-generate engine-gpus hf-capture)"; exit 2 ;;
+         "engine-bench hf-generate engine-gpus hf-capture long-pos)"; exit 2 ;;
   esac
 done

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <limits>
 
@@ -296,6 +297,54 @@ TEST(Bounds, TheRowScaleFindsACommonErrorNoElementShows) {
       EXPECT_GT(std::fabs(delta), allowed) << delta << " vs " << allowed;
     }
   }
+}
+
+}  // namespace
+}  // namespace parity
+
+// ---- long positions at the cost of one -----------------------------------------------------
+
+namespace parity {
+namespace {
+
+nlohmann::json report_of(const std::string& out) {
+  std::ifstream in(out + "/report.json");
+  return nlohmann::json::parse(in);
+}
+
+TEST(SkipReferencePrefix, APositionFarIntoTheContextIsJudgedByItsLocalErrorAlone) {
+  const std::string dir = test::temp_dir("skip-prefix");
+  const std::string common = "--model " + test::tiny_model_dir() +
+                             " --token 5 --pos 3000 --candidate cpu-f32 --skip-reference-prefix ";
+  const auto r = test::run_tool("parity-trace", common + "--out " + dir + "/ok");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("reference: skipped the prefix"), std::string::npos) << r.output;
+  const auto j = report_of(dir + "/ok");
+  EXPECT_EQ(j["local_source"], "recompute");
+  EXPECT_TRUE(j["accumulated_unavailable"].get<bool>());
+  EXPECT_EQ(j["datasets"].size(), size_t(stages_per_position(Model::load(test::tiny_model_dir())->config)));
+  for (const auto& d : j["datasets"]) {
+    EXPECT_EQ(d["position"], 3000);
+    EXPECT_EQ(d["judged"], "local") << d["path"];
+    EXPECT_TRUE(d["accumulated"].is_null()) << d["path"];
+  }
+  // A fault is blamed at its stage: the candidate's cache carries it too, and the reference
+  // recomputes from that cache, so the stages reading it are not blamed.
+  for (const std::string stage : {"k_rope", "v", "scores", "mlp1"}) {
+    const std::string out = dir + "/" + stage;
+    const auto f = test::run_tool("parity-trace", common + "--inject " + stage + ":2 --out " + out);
+    ASSERT_EQ(f.exit_code, 1) << f.output;
+    const auto fj = report_of(out);
+    EXPECT_EQ(fj["first_divergence"]["stage"], stage) << f.output;
+    EXPECT_EQ(fj["first_divergence"]["layer"], 2) << f.output;
+  }
+  // What it cannot be asked.
+  const auto bad = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                       " --tokens 1,2,3 --skip-reference-prefix --out " +
+                                                       dir + "/bad");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--skip-reference-prefix needs --token T --pos P"), std::string::npos)
+      << bad.output;
 }
 
 }  // namespace

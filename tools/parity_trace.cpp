@@ -45,6 +45,40 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+std::string timing_text(const std::vector<Phase>& phases) {
+  std::string timing;
+  for (const auto& p : phases)
+    timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
+  return timing;
+}
+
+// The four reports of a run into `out` (and the JUnit one to junit_path when asked for): the
+// text report followed by `extra` (what the run adds: the candidate, the timing), the JSON
+// report with `json_extra` merged in and the phases' timing.
+void write_reports(const fs::path& out, const DiffResult& result, const std::vector<Phase>& phases,
+                   const std::string& extra, const nlohmann::json& json_extra,
+                   const std::string& junit_path) {
+  write_file_atomically((out / "report.txt").string(), report_text(result) + extra);
+  nlohmann::json j = report_json(result);
+  j["timing_seconds"] = nlohmann::json::object();
+  for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
+  for (const auto& [key, value] : json_extra.items()) j[key] = value;
+  write_file_atomically((out / "report.json").string(), j.dump(2) + "\n");
+  write_file_atomically((out / "report.xml").string(), report_junit(result));
+  write_file_atomically((out / "report.html").string(), report_html(result));
+  if (!junit_path.empty()) write_file_atomically(junit_path, report_junit(result));
+}
+
+// "hip (arch=sm_90, ...)": the candidate and its facts, one line.
+std::string candidate_line(const Backend& cand) {
+  std::string facts_line;
+  const nlohmann::json facts = cand.facts();
+  for (const auto& [key, value] : facts.items())
+    facts_line += fmt::format("{}{}={}", facts_line.empty() ? "" : ", ", key,
+                              value.is_string() ? value.get<std::string>() : value.dump());
+  return "candidate: " + cand.name() + (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n";
+}
+
 // The output directory belongs to one run at a time: two runs into one --out would read each
 // other's traces. An advisory lock on DIR/.parity-trace.lock, held until the process ends.
 class OutputLock {
@@ -171,25 +205,16 @@ int trace_capture(const TraceReader& capture, const std::string& model,
   if (result.datasets.size() == result.not_captured)
     fail("{}: none of the capture's datasets is one the reference traced", capture_path);
 
-  std::string timing;
-  for (const auto& p : phases)
-    timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
   std::string extra = fmt::format("candidate: capture {} ({}, {}); {} tokens\n", capture_path,
                                   cm.backend, cm.precision, tokens.size());
   if (cm.fingerprint.empty())
     extra += "checkpoint: the capture records no fingerprint; only its config was checked\n";
-  extra += "timing: " + timing + "\n";
-  write_file_atomically((fs::path(out) / "report.txt").string(), report_text(result) + extra);
-  nlohmann::json j = report_json(result);
-  j["timing_seconds"] = nlohmann::json::object();
-  for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
-  j["candidate_backend"] = cm.backend;
-  j["candidate_trace"] = capture_path;
-  j["tokens"] = tokens;
-  write_file_atomically((fs::path(out) / "report.json").string(), j.dump(2) + "\n");
-  write_file_atomically((fs::path(out) / "report.xml").string(), report_junit(result));
-  write_file_atomically((fs::path(out) / "report.html").string(), report_html(result));
-  if (!junit_path.empty()) write_file_atomically(junit_path, report_junit(result));
+  extra += "timing: " + timing_text(phases) + "\n";
+  write_reports(out, result, phases, extra,
+                {{"candidate_backend", cm.backend},
+                 {"candidate_trace", capture_path},
+                 {"tokens", tokens}},
+                junit_path);
   const fs::path dir(out);
   std::cout << verdict_line(result) << "\n"
             << extra
@@ -199,6 +224,122 @@ int trace_capture(const TraceReader& capture, const std::string& model,
                    capture_path, ref_path.string(), (dir / "report.txt").string(),
                    (dir / "report.json").string(), (dir / "report.xml").string(),
                    (dir / "report.html").string());
+  return result.diverged() ? kExitDiverged : kExitOk;
+}
+
+// parity-trace --token T --pos P --skip-reference-prefix: the candidate runs the prefix alone and
+// hands its KV-cache rows to the reference, which recomputes every stage at P from the
+// candidate's own rows (model/recompute.h): P is judged by its local error, at the cost of one
+// position for the reference whatever P is; there is no accumulated error.
+int trace_skipping_prefix(const Model& m, Backend& cand, const std::vector<int32_t>& prompt,
+                          const Injection* inj, int step_rows, const Criterion& criterion,
+                          const std::string& out, const std::string& junit_path,
+                          std::vector<Phase> phases) {
+  const int pos = int(prompt.size()) - 1;
+  fs::create_directories(out);
+  const OutputLock lock(out);
+  const fs::path ref_path = fs::path(out) / "reference.h5", cand_path = fs::path(out) / "candidate.h5";
+  for (const char* f : {"report.txt", "report.json", "report.xml", "report.html", "reference.h5",
+                        "candidate.h5"})
+    fs::remove(fs::path(out) / f);
+  const nlohmann::json run_facts = {
+      {"replay", false},
+      {"step_rows", step_rows},
+      {"reference_prefix",
+       fmt::format("skipped: the candidate's KV-cache rows of positions 0..{}", pos - 1)},
+      {"injected_fault", inj ? nlohmann::json(inj->str()) : nlohmann::json(nullptr)}};
+  TraceMeta cand_meta = trace_meta(cand, m);
+  cand_meta.run = run_facts;
+  cand_meta.run_id = new_run_id();
+  if (inj != nullptr) cand_meta.device["injected_fault"] = inj->str();
+
+  // The candidate: the prefix untraced, in steps, then position P traced.
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    TraceWriter writer(cand_path.string(), cand_meta, {pos});
+    cand.reset();
+    for (int first = 0; first < pos; first += step_rows) {
+      Batch b;
+      for (int i = first; i < std::min(pos, first + step_rows); ++i) {
+        b.tokens.push_back(prompt[size_t(i)]);
+        b.positions.push_back(i);
+        b.seqs.push_back(0);
+      }
+      forward(cand, b, nullptr, inj);
+    }
+    phases.push_back({"candidate prefix (" + cand.name() + ")", since(t0)});
+    t0 = std::chrono::steady_clock::now();
+    forward(cand, Batch::single(prompt[size_t(pos)], pos), &writer, inj);
+    std::vector<int32_t> positions(prompt.size());
+    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
+    writer.set_tokens(prompt, positions);
+    writer.finish();
+    phases.push_back({"candidate at the position, traced", since(t0)});
+  }
+
+  // Its KV cache, handed to the reference's recompute sequence layer by layer.
+  t0 = std::chrono::steady_clock::now();
+  auto reference = make_backend("reference", m);
+  reference->reset();
+  for (int layer = 0; layer < m.config.num_hidden_layers && pos > 0; ++layer) {
+    const auto rows = cand.cache_rows(0, layer, 0, pos);
+    if (!rows) fail("candidate {} cannot hand over its KV cache (--skip-reference-prefix)", cand.name());
+    reference->load_cache(kRecomputeSequence, layer, *rows);
+  }
+  phases.push_back({"KV-cache handover", since(t0)});
+
+  const TraceReader a(cand_path.string());
+  t0 = std::chrono::steady_clock::now();
+  {
+    TraceMeta meta = trace_meta(*reference, m);
+    meta.run = run_facts;
+    meta.run_id = cand_meta.run_id;
+    TraceWriter writer(ref_path.string(), meta, {pos});
+    RecomputeOptions ro;
+    ro.tokens = prompt;
+    ro.traced = {pos};
+    ro.step_rows = step_rows;
+    ro.policy = criterion.policy.value_or(cand.precision_policy());
+    ro.free_rows = false;
+    ro.first_position = pos;
+    const TraceCandidateRows rows(a);
+    const RecomputeResult rr = run_recompute(*reference, rows, writer, ro);
+    nlohmann::json run = run_facts;
+    run["recompute"] = {{"input_values", rr.input_values},
+                        {"not_in_storage", rr.not_in_storage},
+                        {"bfloat16_values", rr.bfloat16_values},
+                        {"seconds", rr.seconds}};
+    writer.set_run(run);
+    std::vector<int32_t> positions(prompt.size());
+    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
+    writer.set_tokens(prompt, positions);
+    writer.finish();
+  }
+  phases.push_back({"reference at the position (recomputed)", since(t0)});
+
+  t0 = std::chrono::steady_clock::now();
+  const TraceReader b(ref_path.string());
+  DiffResult result = diff_traces(a, b, criterion);
+  phases.push_back({"diff", since(t0)});
+
+  std::string extra = candidate_line(cand);
+  extra += fmt::format("reference: skipped the prefix; recomputed position {} from the "
+                       "candidate's own rows and KV cache (local error only)\n",
+                       pos);
+  extra += "timing: " + timing_text(phases) + "\n";
+  nlohmann::json json_extra = {{"candidate_backend", cand.name()},
+                               {"candidate_facts", cand.facts()},
+                               {"reference_prefix", "skipped"},
+                               {"position", pos}};
+  if (inj) json_extra["injected_fault"] = inj->str();
+  write_reports(out, result, phases, extra, json_extra, junit_path);
+  const fs::path dir(out);
+  std::cout << verdict_line(result) << "\n"
+            << extra
+            << fmt::format("traces: {}, {}\nreports: {} (text), {} (JSON), {} (JUnit), {} (HTML)\n",
+                           ref_path.string(), cand_path.string(), (dir / "report.txt").string(),
+                           (dir / "report.json").string(), (dir / "report.xml").string(),
+                           (dir / "report.html").string());
   return result.diverged() ? kExitDiverged : kExitOk;
 }
 
@@ -212,7 +353,7 @@ int trace_main(int argc, char** argv) {
   std::vector<int32_t> tokens;
   int token = -1, pos = -1, step_rows = 64, generate = 0;
   CriterionFlags cf;
-  bool no_replay = false, free_run = false;
+  bool no_replay = false, free_run = false, skip_prefix = false;
   app.add_option("--model", model, "checkpoint directory, or preset tiny|20b|120b")
       ->capture_default_str();
   app.add_option("--models-dir", models_dir,
@@ -243,6 +384,11 @@ int trace_main(int argc, char** argv) {
                "do not replay the candidate's stages on the reference's inputs (then only the "
                "accumulated error is known, and drift can look like divergence)");
   add_criterion_options(app, cf, "local (default with replay) or accumulated: which error decides");
+  app.add_flag("--skip-reference-prefix", skip_prefix,
+               "with --token T --pos P: the reference does not run the prefix; the candidate does, "
+               "and hands its KV-cache rows over; every stage at P is recomputed by the reference "
+               "from the candidate's own rows and judged by that local error (no accumulated "
+               "error): long positions at the cost of one");
   app.add_option("--step", step_rows, "prompt rows per forward step (prefill batch size)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
@@ -287,8 +433,17 @@ int trace_main(int argc, char** argv) {
 
     // The criterion, checked before any work.
     const Criterion criterion = criterion_from_flags(cf);
-    if (criterion.judge == Judge::local && no_replay)
+    if (criterion.judge == Judge::local && no_replay && !skip_prefix)
       fail("--judge local needs the replay that --no-replay turns off");
+    if (skip_prefix) {
+      if (o_token->count() == 0) fail("--skip-reference-prefix needs --token T --pos P");
+      for (const char* flag : {"--generate", "--free-run"})
+        if (app.get_option(flag)->count() > 0)
+          fail("{} does not apply to --skip-reference-prefix (one traced position)", flag);
+      if (criterion.judge == Judge::accumulated)
+        fail("--judge accumulated: with --skip-reference-prefix the reference has no rows of its "
+             "own, only the local error exists");
+    }
 
     std::vector<Phase> phases;
     auto t0 = std::chrono::steady_clock::now();
@@ -341,6 +496,14 @@ int trace_main(int argc, char** argv) {
     if (!inject_text.empty()) inj = Injection::parse(inject_text, c);
     lo.injection = inj ? &*inj : nullptr;
 
+    if (skip_prefix) {
+      t0 = std::chrono::steady_clock::now();
+      // A device cache as long as the prompt (its default is 4,096 positions).
+      auto cand = make_batched_backend(candidate, *m, 1, int(lo.prompt.size()));
+      phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
+      return trace_skipping_prefix(*m, *cand, lo.prompt, lo.injection, step_rows, criterion, out,
+                                   junit_path, phases);
+    }
     t0 = std::chrono::steady_clock::now();
     auto reference = make_backend("reference", *m);
     phases.push_back({"reference setup", since(t0)});
@@ -381,37 +544,22 @@ int trace_main(int argc, char** argv) {
     DiffResult result = diff_traces(a, b, criterion);
     phases.push_back({"diff", since(t0)});
 
-    std::string timing;
-    for (const auto& p : phases)
-      timing += fmt::format("{}{} {:.3f} s", timing.empty() ? "" : ", ", p.name, p.seconds);
-    std::string facts_line;
-    const nlohmann::json facts = cand->facts();
-    for (const auto& [key, value] : facts.items())
-      facts_line += fmt::format("{}{}={}", facts_line.empty() ? "" : ", ", key,
-                                value.is_string() ? value.get<std::string>() : value.dump());
     std::string generated;
-    for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i)
+    nlohmann::json generated_json = nlohmann::json::array();
+    for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i) {
       generated += (generated.empty() ? "" : ",") + std::to_string(run.tokens[i]);
-    std::string extra = "candidate: " + cand->name() +
-                        (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n";
+      generated_json.push_back(run.tokens[i]);
+    }
+    std::string extra = candidate_line(*cand);
     if (lo.generate > 0)
       extra += fmt::format("generated ({}): {}\n", lo.free_run ? "the candidate's tokens" : "the reference's tokens", generated);
-    extra += "timing: " + timing + "\n";
-    write_file_atomically((fs::path(out) / "report.txt").string(), report_text(result) + extra);
-    nlohmann::json j = report_json(result);
-    j["timing_seconds"] = nlohmann::json::object();
-    for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
-    j["candidate_backend"] = cand->name();
-    j["candidate_facts"] = cand->facts();
-    j["tokens"] = run.tokens;
-    j["generated"] = nlohmann::json::array();
-    for (size_t i = lo.prompt.size(); i < run.tokens.size(); ++i)
-      j["generated"].push_back(run.tokens[i]);
-    if (inj) j["injected_fault"] = inj->str();
-    write_file_atomically((fs::path(out) / "report.json").string(), j.dump(2) + "\n");
-    write_file_atomically((fs::path(out) / "report.xml").string(), report_junit(result));
-    write_file_atomically((fs::path(out) / "report.html").string(), report_html(result));
-    if (!junit_path.empty()) write_file_atomically(junit_path, report_junit(result));
+    extra += "timing: " + timing_text(phases) + "\n";
+    nlohmann::json json_extra = {{"candidate_backend", cand->name()},
+                                 {"candidate_facts", cand->facts()},
+                                 {"tokens", run.tokens},
+                                 {"generated", generated_json}};
+    if (inj) json_extra["injected_fault"] = inj->str();
+    write_reports(out, result, phases, extra, json_extra, junit_path);
 
     std::cout << verdict_line(result) << "\n" << extra;
     const fs::path dir(out);

@@ -443,8 +443,12 @@ std::vector<DatasetDiff> pair_datasets(const TraceReader& a, const TraceReader& 
     DatasetDiff d;
     d.path = e.path;
     d.key = e.key;
-    d.status = DatasetStatus::MissingInB;
-    d.missing_path = e.path;
+    // A reference that skipped the prefix has only the recomputed rows (no output of its own):
+    // such a dataset is judged by its local error alone.
+    if (!b.has(trace_dataset_path(e.key.position, e.key.layer, e.key.stage, Series::recompute))) {
+      d.status = DatasetStatus::MissingInB;
+      d.missing_path = e.path;
+    }
     out.push_back(std::move(d));
   }
   if (!options.selection.empty()) {
@@ -584,38 +588,44 @@ class DatasetJudge {
       return;
     }
     Rows rows;
-    rows.b = b_.read(d.path);
+    if (b_.has(d.path)) rows.b = b_.read(d.path);
     rows.a = a_.read(d.path);
-    d.dims_b = rows.b.dims;
     d.dims_a = rows.a.dims;
     if (has_replay) rows.local_a = a_.read(replay_path);
     if (recomputed) {
       rows.local_a = rows.a;
       rows.local_b = b_.read(recompute_path);
     }
-    if (rows.a.dims != rows.b.dims || (rows.local_a && rows.local_a->dims != rows.b.dims) ||
-        (rows.local_b && rows.local_b->dims != rows.b.dims)) {
+    d.dims_b = rows.local_ref().dims;
+    if (rows.a.dims != d.dims_b || (rows.local_a && rows.local_a->dims != d.dims_b) ||
+        (rows.b && rows.b->dims != d.dims_b)) {
       d.status = DatasetStatus::ShapeMismatch;
       return;
     }
     if (k.stage == Stage::scores) {
-      if (rows.local_a) normalize_masked(*rows.local_a, rows.local_b ? *rows.local_b : rows.b);
-      normalize_masked(rows.a, rows.b);
+      if (rows.local_a) normalize_masked(*rows.local_a, rows.local_ref());
+      if (rows.b) normalize_masked(rows.a, *rows.b);
     }
     if (d.is_decision())
       judge_decision(d, rows);
     else
       judge_values(d, rows);
     const SideDiff* judged = d.judged_side();
+    if (judged == nullptr) {  // judged by an accumulated error B has no rows for
+      d.status = DatasetStatus::MissingInB;
+      d.missing_path = d.path;
+      return;
+    }
     d.status = judged->failed ? DatasetStatus::Fail : DatasetStatus::Pass;
   }
 
  private:
   struct Rows {
-    StageData a, b;                  // A's and B's output
+    StageData a;                       // A's output
+    std::optional<StageData> b;        // B's output (none where B skipped the prefix)
     std::optional<StageData> local_a;  // A's local result: its replay, or its output (recompute)
     std::optional<StageData> local_b;  // what it is held to under recompute: B's recompute
-    const StageData& local_ref() const { return local_b ? *local_b : b; }
+    const StageData& local_ref() const { return local_b ? *local_b : *b; }
   };
 
   bool derived() const { return r_.criterion.kind == Criterion::Kind::derived; }
@@ -670,16 +680,18 @@ class DatasetJudge {
       s.failed = s.values.mismatches > 0 || (s.scale && s.scale->failed());
       d.local = s;
     }
+    if (!rows.b) return;  // no accumulated error without the reference's own rows
+    const StageData& b = *rows.b;
     // Rows of expert slots the free candidate routed elsewhere compare different experts.
     std::vector<uint8_t> include;
-    if (is_per_expert(k.stage) && rows.b.dims.size() == 2) {
+    if (is_per_expert(k.stage) && b.dims.size() == 2) {
       const std::string topk = trace_dataset_path(k.position, k.layer, Stage::topk_idx);
       if (a_.has(topk) && b_.has(topk)) {
         const StageData ia = a_.read(topk);
         const StageData& ib = source_.output(Stage::topk_idx, k.layer);
-        include.assign(rows.b.size(), 1);
-        const size_t cols = rows.b.dims[1];
-        for (size_t slot = 0; slot < rows.b.dims[0] && slot < ia.size() && slot < ib.size(); ++slot)
+        include.assign(b.size(), 1);
+        const size_t cols = b.dims[1];
+        for (size_t slot = 0; slot < b.dims[0] && slot < ia.size() && slot < ib.size(); ++slot)
           if (ia.at(slot) != ib.at(slot)) {
             ++d.rerouted_slots;
             std::fill_n(include.begin() + std::ptrdiff_t(slot * cols), cols, uint8_t(0));
@@ -688,8 +700,8 @@ class DatasetJudge {
       }
     }
     SideDiff s;
-    const std::vector<double> bound = bound_for(d, rows.b, false, d.fallback_tolerance);
-    s.values = compare_values(rows.a, rows.b, bound, o_.max_listed, include);
+    const std::vector<double> bound = bound_for(d, b, false, d.fallback_tolerance);
+    s.values = compare_values(rows.a, b, bound, o_.max_listed, include);
     s.failed = s.values.mismatches > 0;
     d.accumulated = s;
     if (d.local) {
@@ -732,7 +744,8 @@ class DatasetJudge {
     }
     // The accumulated decision is explained by the candidate's own error of the values it
     // decided on, as measured.
-    const bool flip = differs(rows.a, rows.b);
+    if (!rows.b) return;
+    const bool flip = differs(rows.a, *rows.b);
     const bool have_g = b_.has(trace_dataset_path(k.position, on.layer, on.stage));
     if (flip && !have_g) throw MissingBoundInput{on, Series::output};
     StageData none;
@@ -748,8 +761,8 @@ class DatasetJudge {
         }
     }
     SideDiff s;
-    s.values = list_decisions(rows.a, rows.b, o_.max_listed);
-    s.decision = compare_decision(rows.a, rows.b, g, measured);
+    s.values = list_decisions(rows.a, *rows.b, o_.max_listed);
+    s.decision = compare_decision(rows.a, *rows.b, g, measured);
     s.failed = s.decision->slots > 0 && !s.decision->explained;
     d.accumulated = s;
   }
@@ -865,6 +878,7 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
   result.num_layers = layers_in(a, b);
   result.a_has_replay = a.has_series(Series::replay);
   result.capture = options.capture || is_capture(a.meta());
+  result.accumulated_unavailable = b.entries().empty() && b.has_series(Series::recompute);
   result.local_source = result.a_has_replay                    ? LocalSource::replay
                         : b.has_series(Series::recompute) ? LocalSource::recompute
                                                                : LocalSource::none;

@@ -209,6 +209,9 @@ struct DiffResult {
   Judge judged = Judge::local;
   bool a_has_replay = false;
   LocalSource local_source = LocalSource::none;
+  // B holds only recomputed rows (the reference skipped the prefix: parity-trace
+  // --skip-reference-prefix): there is no accumulated error to report.
+  bool accumulated_unavailable = false;
   // The criterion of a capture's datasets without a local error, under derived bounds: the
   // tolerance profile of the storage the capture declares.
   std::optional<Tolerance> fallback;

@@ -156,6 +156,9 @@ std::string judged_text(const DiffResult& r) {
       s += fmt::format("; {} dataset(s) whose inputs the capture lacks are judged by their "
                        "accumulated error{}, each naming the input",
                        n, r.fallback ? " against " + r.fallback->describe() : std::string());
+    if (r.accumulated_unavailable)
+      s += "; the reference did not run the prefix (it took the candidate's KV-cache rows), so "
+           "there is no accumulated error and no drift to report";
     return s;
   }
   if (r.capture && r.judged == Judge::accumulated)
@@ -753,6 +756,7 @@ json report_json(const DiffResult& r) {
           {"criterion", r.criterion.to_json()},
           {"judged", judge_name(r.judged)},
           {"local_source", local_source_name(r.local_source)},
+          {"accumulated_unavailable", r.accumulated_unavailable},
           {"fallback_tolerance", r.fallback ? r.fallback->to_json() : json(nullptr)},
           {"warnings", r.warnings},
           {"candidate_precision_policy", r.policy.to_json()},
