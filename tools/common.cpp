@@ -201,9 +201,16 @@ TraceMeta trace_meta(const Backend& backend, const Model& model) {
   return meta;
 }
 
+std::vector<int32_t> positions_of(size_t n) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = int32_t(i);
+  return p;
+}
+
 RecomputeResult trace_recompute(Backend& reference, const Model& model, const TraceReader& candidate,
                                 const PrecisionPolicy& policy, int step_rows,
-                                const std::string& reference_path, nlohmann::json run_facts) {
+                                const std::string& reference_path, nlohmann::json run_facts,
+                                int first_position) {
   const TraceMeta& cm = candidate.meta();
   std::set<int> positions;
   for (const auto& e : candidate.entries()) positions.insert(e.key.position);
@@ -215,6 +222,8 @@ RecomputeResult trace_recompute(Backend& reference, const Model& model, const Tr
   ro.traced = positions;
   ro.step_rows = step_rows;
   ro.policy = policy;
+  ro.first_position = first_position;
+  ro.free_rows = first_position == 0;
   const TraceCandidateRows rows(candidate);
   const RecomputeResult rr = run_recompute(reference, rows, writer, ro);
   run_facts["recompute"] = {{"precision", policy.to_json()},
@@ -224,9 +233,7 @@ RecomputeResult trace_recompute(Backend& reference, const Model& model, const Tr
                             {"bfloat16_values", rr.bfloat16_values},
                             {"seconds", rr.seconds}};
   writer.set_run(std::move(run_facts));
-  std::vector<int32_t> all_positions(cm.tokens.size());
-  for (size_t i = 0; i < all_positions.size(); ++i) all_positions[i] = int32_t(i);
-  writer.set_tokens(cm.tokens, all_positions);
+  writer.set_tokens(cm.tokens, positions_of(cm.tokens.size()));
   writer.finish();
   return rr;
 }
@@ -242,8 +249,7 @@ LockstepResult trace_lockstep(Backend& reference, Backend& candidate, const Mode
   TraceWriter ref_writer(reference_path, ref_meta);
   TraceWriter cand_writer(candidate_path, cand_meta);
   LockstepResult run = run_lockstep(reference, candidate, &ref_writer, &cand_writer, options);
-  std::vector<int32_t> positions(run.tokens.size());
-  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
+  const std::vector<int32_t> positions = positions_of(run.tokens.size());
   ref_writer.set_tokens(run.tokens, positions);
   cand_writer.set_tokens(run.tokens, positions);
   ref_writer.finish();

@@ -71,10 +71,16 @@ TraceMeta trace_meta(const Backend& backend, const Model& model);
 // stage the candidate holds (model/recompute.h), at the candidate's positions, into
 // `reference_path`; the candidate's inputs are rounded to `policy`'s storage. The run attribute
 // holds run_facts and what the recompute saw of the candidate's values ("recompute"); the run id
-// is the candidate's.
+// is the candidate's. With first_position > 0 the reference's recompute sequence already holds the
+// candidate's KV rows of the positions before it (Backend::load_cache): only the recomputed rows
+// from there on are traced (RecomputeOptions::first_position).
 RecomputeResult trace_recompute(Backend& reference, const Model& model, const TraceReader& candidate,
                                 const PrecisionPolicy& policy, int step_rows,
-                                const std::string& reference_path, nlohmann::json run_facts);
+                                const std::string& reference_path, nlohmann::json run_facts,
+                                int first_position = 0);
+
+// 0, 1, ..., n - 1: the positions of a trace's token list.
+std::vector<int32_t> positions_of(size_t n);
 
 LockstepResult trace_lockstep(Backend& reference, Backend& candidate, const Model& model,
                               const LockstepOptions& options, const std::string& reference_path,

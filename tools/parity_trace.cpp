@@ -270,9 +270,7 @@ int trace_skipping_prefix(const Model& m, Backend& cand, const std::vector<int32
     phases.push_back({"candidate prefix (" + cand.name() + ")", since(t0)});
     t0 = std::chrono::steady_clock::now();
     forward(cand, Batch::single(prompt[size_t(pos)], pos), &writer, inj);
-    std::vector<int32_t> positions(prompt.size());
-    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
-    writer.set_tokens(prompt, positions);
+    writer.set_tokens(prompt, positions_of(prompt.size()));
     writer.finish();
     phases.push_back({"candidate at the position, traced", since(t0)});
   }
@@ -290,31 +288,8 @@ int trace_skipping_prefix(const Model& m, Backend& cand, const std::vector<int32
 
   const TraceReader a(cand_path.string());
   t0 = std::chrono::steady_clock::now();
-  {
-    TraceMeta meta = trace_meta(*reference, m);
-    meta.run = run_facts;
-    meta.run_id = cand_meta.run_id;
-    TraceWriter writer(ref_path.string(), meta, {pos});
-    RecomputeOptions ro;
-    ro.tokens = prompt;
-    ro.traced = {pos};
-    ro.step_rows = step_rows;
-    ro.policy = criterion.policy.value_or(cand.precision_policy());
-    ro.free_rows = false;
-    ro.first_position = pos;
-    const TraceCandidateRows rows(a);
-    const RecomputeResult rr = run_recompute(*reference, rows, writer, ro);
-    nlohmann::json run = run_facts;
-    run["recompute"] = {{"input_values", rr.input_values},
-                        {"not_in_storage", rr.not_in_storage},
-                        {"bfloat16_values", rr.bfloat16_values},
-                        {"seconds", rr.seconds}};
-    writer.set_run(run);
-    std::vector<int32_t> positions(prompt.size());
-    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
-    writer.set_tokens(prompt, positions);
-    writer.finish();
-  }
+  trace_recompute(*reference, m, a, criterion.policy.value_or(cand.precision_policy()), step_rows,
+                  ref_path.string(), run_facts, pos);
   phases.push_back({"reference at the position (recomputed)", since(t0)});
 
   t0 = std::chrono::steady_clock::now();
