@@ -158,6 +158,7 @@ struct parity_capture {
   size_t refused = 0;
   std::string first_refusal;
   std::string abandoned;  // why the writer gave up ("" while writing)
+  std::map<int, size_t> cache;  // layer -> cache rows recorded (parity_capture_record_cache)
 };
 
 namespace parity {
@@ -585,10 +586,79 @@ int parity_capture_close(parity_capture* cap) {
                  "{}: incomplete: {} never recorded ({} incomplete row(s) in all); not written",
                  where(c, name(s), position, layer, -1), what, c.partial.size()));
     }
+    if (!c.cache.empty()) {
+      for (int layer = 0; layer < c.config.num_hidden_layers; ++layer)
+        if (!c.cache.contains(layer))
+          refuse(PARITY_CAPTURE_ERR_STATE,
+                 fmt::format("capture {}: cache rows of layer {} never recorded (the other "
+                             "layers' are); not written",
+                             c.path, layer));
+      const size_t n = c.cache.begin()->second;
+      for (const auto& [position, layer, stage] : c.written)
+        if (size_t(position) < n)
+          refuse(PARITY_CAPTURE_ERR_STATE,
+                 fmt::format("capture {}: rows at position {} lie inside the cache prefix 0..{}: "
+                             "record a position's stage rows or its cache rows, not both; not "
+                             "written",
+                             c.path, position, n - 1));
+    }
     std::vector<int32_t> positions(c.tokens.size());
     for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
     c.writer->set_tokens(c.tokens, positions);
     c.writer->finish();
+  });
+}
+
+int parity_capture_record_cache(parity_capture* cap, int layer, size_t count, const void* k,
+                                const void* v, parity_capture_dtype dtype, unsigned layout) {
+  if (cap == nullptr) return PARITY_CAPTURE_OK;
+  const std::lock_guard lock(cap->mutex);
+  return parity::run_guarded(cap, true, [&] {
+    using namespace parity;
+    parity_capture& c = *cap;
+    const std::string at = fmt::format("capture {}: cache of layer {}", c.path, layer);
+    if (layer < 0 || layer >= c.config.num_hidden_layers)
+      refuse(PARITY_CAPTURE_ERR_STAGE,
+             fmt::format("{}: the model has layers 0..{}", at, c.config.num_hidden_layers - 1));
+    const int d = int(dtype);
+    if (d != PARITY_CAPTURE_F32 && d != PARITY_CAPTURE_F16 && d != PARITY_CAPTURE_BF16 &&
+        d != PARITY_CAPTURE_F64)
+      refuse(PARITY_CAPTURE_ERR_ARGUMENT, fmt::format("{}: dtype {} is not a real dtype", at, d));
+    if ((layout & ~unsigned(PARITY_LAYOUT_ROPE_INTERLEAVED)) != 0)
+      refuse(PARITY_CAPTURE_ERR_ARGUMENT,
+             fmt::format("{}: layout {} does not apply to cache rows", at,
+                         layout_names(layout & ~unsigned(PARITY_LAYOUT_ROPE_INTERLEAVED))));
+    if (count == 0 || count > c.tokens.size())
+      refuse(PARITY_CAPTURE_ERR_SHAPE,
+             fmt::format("{}: {} rows, but the capture has {} tokens", at, count, c.tokens.size()));
+    if (k == nullptr || v == nullptr)
+      refuse(PARITY_CAPTURE_ERR_ARGUMENT, fmt::format("{}: k or v is a null pointer", at));
+    if (c.cache.contains(layer)) refuse(PARITY_CAPTURE_ERR_DUPLICATE, at + ": recorded twice");
+    if (!c.cache.empty() && c.cache.begin()->second != count)
+      refuse(PARITY_CAPTURE_ERR_SHAPE,
+             fmt::format("{}: {} rows, but the layers recorded before have {}: every layer caches "
+                         "the same positions",
+                         at, count, c.cache.begin()->second));
+    const size_t dh = size_t(c.config.head_dim), row = size_t(c.config.num_key_value_heads) * dh;
+    KvRows rows;
+    rows.count = int(count);
+    rows.k.resize(count * row);
+    rows.v.resize(count * row);
+    for (size_t i = 0; i < count * row; ++i) {
+      // ROPE_INTERLEAVED: element 2j (2j + 1) of a head is our j (j + d/2).
+      const size_t in_head = i % dh, ours = (layout & PARITY_LAYOUT_ROPE_INTERLEAVED) != 0
+                                                 ? i - in_head + from_interleaved(in_head, dh)
+                                                 : i;
+      rows.k[ours] = element(k, d, i);
+      rows.v[i] = element(v, d, i);
+    }
+    try {
+      c.writer->record_cache(layer, rows, d == PARITY_CAPTURE_F64);
+    } catch (const Error& e) {
+      c.abandoned = e.what();
+      refuse(PARITY_CAPTURE_ERR_IO, e.what());
+    }
+    c.cache[layer] = count;
   });
 }
 

@@ -177,6 +177,16 @@ PARITY_CAPTURE_API int parity_capture_record_copy(parity_capture* cap, const cha
 PARITY_CAPTURE_API int parity_capture_append_tokens(parity_capture* cap, const int32_t* tokens,
                                                     size_t n_tokens);
 
+/* Records the KV-cache rows of positions 0..count-1 of `layer` in one call: `k` (rotated keys)
+ * and `v`, each count x nKV x d elements of `dtype` (a real dtype; `layout` ROPE_INTERLEAVED for
+ * k's pairs, or 0). A capture with cache rows for every layer and stage rows only at positions
+ * count and later is judged at those positions alone: the reference takes this cache as its own
+ * instead of running the prefix (long positions at the cost of one). Once per layer, the same
+ * count for every layer. */
+PARITY_CAPTURE_API int parity_capture_record_cache(parity_capture* cap, int layer, size_t count,
+                                                   const void* k, const void* v,
+                                                   parity_capture_dtype dtype, unsigned layout);
+
 /* Writes the capture and renames it into place, then frees the handle (whatever the outcome).
  * Refuses (and writes nothing) when a record was refused or a row is incomplete. */
 PARITY_CAPTURE_API int parity_capture_close(parity_capture* cap);

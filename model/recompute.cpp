@@ -48,7 +48,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One step: positions [first, first + n), as rows 0..n-1 (free) and n..2n-1 (recompute).
+// One step: positions [first, first + n), as rows 0..n-1 (free) and n..2n-1 (recompute); the
+// recompute rows alone (0..n-1) without free rows.
 class RecomputeStep {
  public:
   RecomputeStep(Backend& ref, const CandidateRows& cand, Observer& obs, const RecomputeOptions& o,

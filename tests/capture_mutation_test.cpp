@@ -118,3 +118,45 @@ INSTANTIATE_TEST_SUITE_P(Ports, CaptureMutation, ::testing::ValuesIn(cases()),
 
 }  // namespace
 }  // namespace parity
+
+// Long positions at the cost of one, for a capture: naive_port records its KV cache of positions
+// 0..8 in bulk and stage rows only from position 9; the reference takes that cache as its own,
+// skips the prefix, and judges positions 9 to 11 by their local error.
+namespace parity {
+namespace {
+
+TEST(CaptureCachePrefix, PositionsAfterTheCachedPrefixAreJudgedLocally) {
+  const std::string dir = test::temp_dir("capture-cache-prefix");
+  const std::string model = test::tiny_model_dir();
+  for (const std::string bug : {"", "kv-early", "window"}) {
+    const std::string capture = dir + "/port-" + bug + ".h5", out = dir + "/out-" + bug;
+    const auto port = test::run_tool(
+        "naive_port", model + " --tokens " + kTokens + " --capture " + capture + " --cache-prefix 9" +
+                          (bug.empty() ? "" : " --bug " + bug));
+    ASSERT_EQ(port.exit_code, 0) << port.output;
+    const auto r = test::run_tool("parity-trace",
+                                  "--model " + model + " --candidate-trace " + capture + " --out " + out);
+    std::ifstream in(out + "/report.json");
+    ASSERT_TRUE(in) << r.output;
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_TRUE(j["accumulated_unavailable"].get<bool>()) << r.output;
+    EXPECT_EQ(j["datasets"].size(), size_t(3 * (4 + 19 * 4))) << r.output;
+    if (bug.empty()) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      for (const auto& d : j["datasets"]) {
+        EXPECT_GE(d["position"].get<int>(), 9);
+        EXPECT_EQ(d["judged"], "local") << d["path"];
+      }
+      continue;
+    }
+    // The cache the port built is taken as it is; where the port reads it wrongly (a key slot
+    // written early, a window a key too wide) its scores at position 9 are blamed.
+    ASSERT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(j["first_divergence"]["stage"], "scores") << r.output;
+    EXPECT_EQ(j["first_divergence"]["position"], 9) << r.output;
+    EXPECT_EQ(j["first_divergence"]["layer"], 0) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace parity

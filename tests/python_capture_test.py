@@ -321,6 +321,47 @@ class PythonCapture(unittest.TestCase):
             pc.Capture(os.path.join(self.tmp, "floats.h5"), self.model, [1.0, 2.5])
         self.assertIn("token ids are integers, not float64", str(e.exception))
 
+    def test_cache_rows_in_bulk_skip_the_prefix(self):
+        cfg = load_json(os.path.join(self.model, "config.json"))
+        path = os.path.join(self.tmp, "cached.h5")
+        first = 6
+        with pc.Capture(path, self.model, TOKENS, port="long-port", precision="float64") as cap:
+            for layer in range(cfg["num_hidden_layers"]):
+                k = np.stack([self.ref(p, layer, "k_rope") for p in range(first)])
+                v = np.stack([self.ref(p, layer, "v") for p in range(first)])
+                # k in interleaved RoPE pairs, as ports that permute their weights hold it
+                kk = np.stack([k[..., : k.shape[-1] // 2], k[..., k.shape[-1] // 2:]], axis=-1).reshape(k.shape)
+                cap.record_cache(layer, kk, v, layout=pc.ROPE_INTERLEAVED)
+            for p in range(first, len(TOKENS)):
+                cap.record("embedding", p, -1, self.ref(p, -1, "embedding"))
+                for layer in range(cfg["num_hidden_layers"]):
+                    for stage in ("attn_norm", "qkv", "q_rope", "k_rope", "v", "scores", "att", "attn_out"):
+                        cap.record(stage, p, layer, self.ref(p, layer, stage))
+        r, out = self.trace(path)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        report = load_json(os.path.join(out, "report.json"))
+        self.assertTrue(report["accumulated_unavailable"])
+        judged = [d for d in report["datasets"] if d["status"] != "not_captured"]
+        self.assertEqual({d["position"] for d in judged}, set(range(first, len(TOKENS))))
+        scores = [d for d in judged if d["stage"] == "scores"]
+        self.assertTrue(all(d["judged"] == "local" and d["local"]["max_abs_err"] == 0 for d in scores), scores[:1])
+        # Stage rows inside the cached prefix, a layer without its cache: refused, nothing written.
+        bad = os.path.join(self.tmp, "cached-bad.h5")
+        cap = pc.Capture(bad, self.model, TOKENS)
+        cap.record_cache(0, np.zeros((4, 2, 16), np.float32), np.zeros((4, 2, 16), np.float32))
+        with self.assertRaises(pc.CaptureError) as e:
+            cap.record_cache(1, np.zeros((5, 2, 16), np.float32), np.zeros((5, 2, 16), np.float32))
+        self.assertIn("every layer caches the same positions", str(e.exception))
+        cap.abandon()
+        cap = pc.Capture(bad, self.model, TOKENS)
+        for layer in range(cfg["num_hidden_layers"]):
+            cap.record_cache(layer, np.zeros((4, 2, 16), np.float32), np.zeros((4, 2, 16), np.float32))
+        cap.record("embedding", 2, -1, self.ref(2, -1, "embedding"))
+        with self.assertRaises(pc.CaptureError) as e:
+            cap.close()
+        self.assertIn("rows at position 2 lie inside the cache prefix 0..3", str(e.exception))
+        self.assertFalse(os.path.exists(bad))
+
     def test_the_package_installs_with_pip(self):
         import importlib.util
         missing = [m for m in ("pip", "setuptools") if importlib.util.find_spec(m) is None]

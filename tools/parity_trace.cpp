@@ -162,10 +162,15 @@ int trace_capture(const TraceReader& capture, const std::string& model,
          i < tokens_flag.size() ? std::to_string(tokens_flag[i]) : "none");
   }
   std::set<int> positions;
+  const int cached = capture.cache_length();
   for (const auto& e : capture.entries()) {
     if (size_t(e.key.position) >= tokens.size())
       fail("{}: {} is at position {}, but the capture has {} tokens", capture_path, e.path,
            e.key.position, tokens.size());
+    if (e.key.position < cached)
+      fail("{}: {} lies inside the capture's KV-cache prefix (positions 0..{}): a position has "
+           "stage rows or cache rows, not both",
+           capture_path, e.path, cached - 1);
     positions.insert(e.key.position);
   }
   if (positions.empty())
@@ -187,11 +192,28 @@ int trace_capture(const TraceReader& capture, const std::string& model,
   // The capture's inputs are rounded to the storage it declares (or the one --precision names).
   const PrecisionPolicy policy =
       criterion.policy.value_or(cm.precision_policy.value_or(PrecisionPolicy::float32(4)));
+  // A capture with KV-cache rows of positions 0..n-1 (/cache): the reference takes them as its
+  // cache and runs from n on, recomputed rows only (long positions at the cost of one).
+  const int prefix = capture.cache_length();
+  nlohmann::json run_facts = {{"candidate_trace", capture_path}, {"step_rows", step_rows}};
+  if (prefix > 0) {
+    t0 = std::chrono::steady_clock::now();
+    reference->reset();
+    for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+      KvRows rows = capture.cache_rows(layer);
+      for (double& x : rows.k) x = round_to_storage(x, policy.at(Stage::k_rope).storage);
+      for (double& x : rows.v) x = round_to_storage(x, policy.at(Stage::v).storage);
+      reference->load_cache(kRecomputeSequence, layer, rows);
+    }
+    phases.push_back({"KV-cache rows of the capture", since(t0)});
+    run_facts["reference_prefix"] =
+        fmt::format("skipped: the capture's KV-cache rows of positions 0..{}", prefix - 1);
+  }
   t0 = std::chrono::steady_clock::now();
-  const RecomputeResult rr =
-      trace_recompute(*reference, *m, capture, policy, step_rows, ref_path.string(),
-                      {{"candidate_trace", capture_path}, {"step_rows", step_rows}});
-  phases.push_back({"reference (free and recomputed rows)", rr.seconds});
+  const RecomputeResult rr = trace_recompute(*reference, *m, capture, policy, step_rows,
+                                             ref_path.string(), run_facts, prefix);
+  phases.push_back({prefix > 0 ? "reference (recomputed rows)" : "reference (free and recomputed rows)",
+                    rr.seconds});
   phases.push_back({"tracing", since(t0) - rr.seconds});
 
   t0 = std::chrono::steady_clock::now();

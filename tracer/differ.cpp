@@ -217,6 +217,7 @@ std::string_view status_name(DatasetStatus s) {
     case DatasetStatus::MissingInB: return "missing_in_b";
     case DatasetStatus::ShapeMismatch: return "shape_mismatch";
     case DatasetStatus::NotCaptured: return "not_captured";
+    case DatasetStatus::Unjudged: return "unjudged";
   }
   return "unknown";
 }
@@ -332,7 +333,7 @@ double side_severity(const SideDiff& s, bool decision) {
 }  // namespace
 
 double DatasetDiff::severity() const {
-  if (status == DatasetStatus::NotCaptured) return 0;
+  if (status == DatasetStatus::NotCaptured || status == DatasetStatus::Unjudged) return 0;
   if (status == DatasetStatus::MissingInA || status == DatasetStatus::MissingInB ||
       status == DatasetStatus::ShapeMismatch)
     return kInf;
@@ -341,7 +342,7 @@ double DatasetDiff::severity() const {
 }
 
 double DatasetDiff::accumulated_severity() const {
-  if (status == DatasetStatus::NotCaptured) return 0;
+  if (status == DatasetStatus::NotCaptured || status == DatasetStatus::Unjudged) return 0;
   if (!accumulated) return kInf;
   return side_severity(*accumulated, is_decision());
 }
@@ -444,8 +445,9 @@ std::vector<DatasetDiff> pair_datasets(const TraceReader& a, const TraceReader& 
     d.path = e.path;
     d.key = e.key;
     // A reference that skipped the prefix has only the recomputed rows (no output of its own):
-    // such a dataset is judged by its local error alone.
-    if (!b.has(trace_dataset_path(e.key.position, e.key.layer, e.key.stage, Series::recompute))) {
+    // its datasets are judged by their local error alone, or not at all (DatasetJudge).
+    const bool prefix_skipped = b.entries().empty() && b.has_series(Series::recompute);
+    if (!prefix_skipped) {
       d.status = DatasetStatus::MissingInB;
       d.missing_path = e.path;
     }
@@ -587,6 +589,11 @@ class DatasetJudge {
       d.missing_path = has_out ? replay_path : d.path;
       return;
     }
+    if (!recomputed && !b_.has(d.path)) {  // no local error, and B has no rows of its own
+      d.status = r_.accumulated_unavailable ? DatasetStatus::Unjudged : DatasetStatus::MissingInB;
+      if (d.status == DatasetStatus::MissingInB) d.missing_path = d.path;
+      return;
+    }
     Rows rows;
     if (b_.has(d.path)) rows.b = b_.read(d.path);
     rows.a = a_.read(d.path);
@@ -612,8 +619,8 @@ class DatasetJudge {
       judge_values(d, rows);
     const SideDiff* judged = d.judged_side();
     if (judged == nullptr) {  // judged by an accumulated error B has no rows for
-      d.status = DatasetStatus::MissingInB;
-      d.missing_path = d.path;
+      d.status = r_.accumulated_unavailable ? DatasetStatus::Unjudged : DatasetStatus::MissingInB;
+      if (d.status == DatasetStatus::MissingInB) d.missing_path = d.path;
       return;
     }
     d.status = judged->failed ? DatasetStatus::Fail : DatasetStatus::Pass;
@@ -912,6 +919,7 @@ DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criteri
   }
   for (const DatasetDiff& d : result.datasets) {
     result.not_captured += d.status == DatasetStatus::NotCaptured;
+    result.unjudged += d.status == DatasetStatus::Unjudged;
     if (d.status != DatasetStatus::Fail && d.status != DatasetStatus::Pass) continue;
     const SideDiff* s = d.judged_side();
     if (s != nullptr && s->decision && s->decision->drift()) ++result.drift_decisions;

@@ -54,8 +54,10 @@
 
 namespace parity {
 
-enum class DatasetStatus { Pass, Fail, MissingInA, MissingInB, ShapeMismatch, NotCaptured };
-// "pass", "fail", "missing_in_a", "missing_in_b", "shape_mismatch", "not_captured"
+// Unjudged: a dataset with neither error -- its inputs were not captured (no local error) and the
+// reference skipped the prefix (no accumulated error); listed, counted, neither pass nor fail.
+enum class DatasetStatus { Pass, Fail, MissingInA, MissingInB, ShapeMismatch, NotCaptured, Unjudged };
+// "pass", "fail", "missing_in_a", "missing_in_b", "shape_mismatch", "not_captured", "unjudged"
 std::string_view status_name(DatasetStatus s);
 
 enum class Judge { local, accumulated };
@@ -163,7 +165,8 @@ struct DatasetDiff {
   double amplification = 0;   // accumulated max abs err / local max abs err; NaN if undefined
 
   bool failed() const {
-    return status != DatasetStatus::Pass && status != DatasetStatus::NotCaptured;
+    return status != DatasetStatus::Pass && status != DatasetStatus::NotCaptured &&
+           status != DatasetStatus::Unjudged;
   }
   bool compared() const { return status == DatasetStatus::Pass || status == DatasetStatus::Fail; }
   bool is_decision() const { return parity::is_decision(key.stage); }
@@ -230,6 +233,7 @@ struct DiffResult {
   size_t not_selected = 0;
   bool capture = false;     // A is a capture (DiffOptions::capture, or A's run attribute)
   size_t not_captured = 0;  // datasets of B that the capture lacks
+  size_t unjudged = 0;      // datasets with neither a local nor an accumulated error
 
   bool diverged() const { return first_divergence.has_value(); }
   size_t failed_datasets() const;

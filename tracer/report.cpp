@@ -99,6 +99,9 @@ std::string failure_summary(const DiffResult& r, const DatasetDiff& d) {
       return fmt::format("{}: shape {} in A but {} in B", d.path, dims_text(d.dims_a),
                          dims_text(d.dims_b));
     case DatasetStatus::NotCaptured: return fmt::format("{}: not captured by {}", d.path, r.a.file);
+    case DatasetStatus::Unjudged:
+      return fmt::format("{}: not judged ({}; the reference skipped the prefix)", d.path,
+                         d.local_unavailable);
     case DatasetStatus::Pass: return fmt::format("{}: within the criterion", d.path);
     case DatasetStatus::Fail: break;
   }
@@ -143,7 +146,7 @@ std::string xml_escape(std::string_view s) {
 
 size_t accumulated_fallbacks(const DiffResult& r) {
   return size_t(std::count_if(r.datasets.begin(), r.datasets.end(),
-                              [](const DatasetDiff& d) { return !d.local_unavailable.empty(); }));
+                              [](const DatasetDiff& d) { return d.compared() && !d.local_unavailable.empty(); }));
 }
 
 std::string judged_text(const DiffResult& r) {
@@ -216,6 +219,10 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
       return;
     case DatasetStatus::NotCaptured:
       out += fmt::format("not captured by {}\n\n", r.a.file);
+      return;
+    case DatasetStatus::Unjudged:
+      out += fmt::format("not judged: {}, and the reference skipped the prefix\n\n",
+                         d.local_unavailable);
       return;
     case DatasetStatus::Pass:
     case DatasetStatus::Fail: break;
@@ -329,7 +336,8 @@ std::string cell_label(const Cell& c, bool accumulated) {
     case DatasetStatus::MissingInA:
     case DatasetStatus::MissingInB: return "missing";
     case DatasetStatus::ShapeMismatch: return "shape";
-    case DatasetStatus::NotCaptured: return "";
+    case DatasetStatus::NotCaptured:
+    case DatasetStatus::Unjudged: return "";
     case DatasetStatus::Pass:
     case DatasetStatus::Fail: break;
   }
@@ -409,7 +417,9 @@ std::string heatmap(const DiffResult& r, bool accumulated, Columns by) {
                                       std::vector<Cell>(static_cast<size_t>(std::max(columns, 0))));
   for (const auto& d : r.datasets) {
     const int col = column_of(d);
-    if (col < 0 || col >= columns || d.status == DatasetStatus::NotCaptured) continue;
+    if (col < 0 || col >= columns || d.status == DatasetStatus::NotCaptured ||
+        d.status == DatasetStatus::Unjudged)
+      continue;
     Cell& c = grid[size_t(d.key.stage)][size_t(col)];
     ++c.datasets;
     const double sev = accumulated ? d.accumulated_severity() : d.severity();
@@ -466,11 +476,15 @@ std::string heatmap(const DiffResult& r, bool accumulated, Columns by) {
 // ---- public -------------------------------------------------------------------------------------
 
 std::string verdict_line(const DiffResult& r) {
-  const size_t n = r.datasets.size() - r.not_captured;
-  const std::string not_captured =
+  const size_t n = r.datasets.size() - r.not_captured - r.unjudged;
+  std::string not_captured =
       r.not_captured == 0 ? std::string()
                           : fmt::format("; {} datasets not captured: {}", r.not_captured,
                                         one_line(r.not_captured_stages(), 300));
+  if (r.unjudged > 0)
+    not_captured += fmt::format("; {} datasets not judged (their inputs not captured, the "
+                                "reference's prefix skipped)",
+                                r.unjudged);
   const std::string how = fmt::format("by {} error under {}", judge_name(r.judged),
                                       r.criterion.describe());
   if (!r.diverged()) {
@@ -611,7 +625,7 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
     out += "first divergence:\n";
     text_dataset(out, r, *culprit, options.count);
   }
-  out += fmt::format("summary: {} datasets compared, {} differ", r.datasets.size() - r.not_captured,
+  out += fmt::format("summary: {} datasets compared, {} differ", r.datasets.size() - r.not_captured - r.unjudged,
                      r.failed_datasets());
   if (r.not_captured > 0)
     out += fmt::format(", {} not captured by the port ({})", r.not_captured,
@@ -749,6 +763,7 @@ json report_json(const DiffResult& r) {
   if (const DatasetDiff* w = worst_dataset(r))
     summary["largest_share"] = {{"path", w->path}, {"share", json_number(w->judged_side()->share())}};
   summary["judged_accumulated_for_lack_of_inputs"] = accumulated_fallbacks(r);
+  summary["unjudged"] = r.unjudged;
   return {{"verdict", r.diverged() ? "diverged" : "pass"},
           {"summary", summary},
           {"first_divergence", first},
@@ -905,7 +920,7 @@ std::string report_html(const DiffResult& r) {
                      xml_escape(r.criterion.describe()));
   out += fmt::format("<tr><th>judged</th><td>{}</td></tr>\n", xml_escape(judged_text(r)));
   out += fmt::format("<tr><th>datasets</th><td>{} compared, {} differ</td></tr>\n",
-                     r.datasets.size() - r.not_captured, r.failed_datasets());
+                     r.datasets.size() - r.not_captured - r.unjudged, r.failed_datasets());
   if (r.not_captured > 0)
     out += fmt::format("<tr><th>not captured</th><td>{} datasets: {}</td></tr>\n", r.not_captured,
                        xml_escape(r.not_captured_stages()));

@@ -797,6 +797,43 @@ void TraceWriter::record(const StageKey& key, const StageData& data, std::string
   w.datasets.insert(ds_path);
 }
 
+void TraceWriter::record_cache(int layer, const KvRows& rows, bool f64) {
+  Impl& w = *impl_;
+  w.require_writing("record_cache()");
+  const size_t row = size_t(w.config.num_key_value_heads) * size_t(w.config.head_dim);
+  const std::string group = fmt::format("/cache/layer_{}", layer);
+  if (layer < 0 || layer >= w.config.num_hidden_layers)
+    fail("{}: cache rows of layer {}: the model has {} layers", w.path, layer, w.config.num_hidden_layers);
+  if (rows.count < 1 || rows.count > w.config.max_position_embeddings ||
+      rows.k.size() != size_t(rows.count) * row || rows.v.size() != rows.k.size())
+    fail("{}: cache rows of layer {}: {} positions with {} and {} values (a row is {})", w.path,
+         layer, rows.count, rows.k.size(), rows.v.size(), row);
+  if (w.groups.contains(group)) fail("{}: cache rows of layer {} recorded twice", w.path, layer);
+  try {
+    w.ensure_group("/cache");
+    w.ensure_group(group);
+    for (const auto& [name, values] : {std::pair{"k_rope", &rows.k}, {"v", &rows.v}}) {
+      const std::string ds_path = group + "/" + name, doing = "writing " + ds_path;
+      const std::array<hsize_t, 3> dims = {hsize_t(rows.count), hsize_t(w.config.num_key_value_heads),
+                                           hsize_t(w.config.head_dim)};
+      const Hid space = w.make(H5Screate_simple(3, dims.data(), nullptr), H5Sclose, doing);
+      std::vector<float> narrow;
+      if (!f64) narrow.assign(values->begin(), values->end());
+      Hid ds = w.make(H5Dcreate2(w.file.get(), ds_path.c_str(), f64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE,
+                                 space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                      H5Dclose, doing);
+      w.check(H5Dwrite(ds.get(), f64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+                       H5P_DEFAULT, f64 ? static_cast<const void*>(values->data()) : narrow.data()) >= 0,
+              doing);
+      w.write_int_attr(ds.get(), "layer", layer, ds_path);
+      w.write_int_attr(ds.get(), "first_position", 0, ds_path);
+      w.check(ds.close() >= 0, doing);
+    }
+  } catch (const WriteFailure& failure) {
+    w.fail_abandoned(failure);
+  }
+}
+
 void TraceWriter::finish() {
   Impl& w = *impl_;
   if (w.state == Impl::State::finished) fail("{}: finish() called twice", w.path);
@@ -844,6 +881,11 @@ struct TraceReader::Impl {
   std::vector<TraceEntry> entries;       // output series
   std::map<std::string, StageKey> keys;  // every series, by path
   std::map<std::string, std::string> layouts;  // the "layout" attribute, where a dataset has one
+  struct CacheRows {
+    int count = 0;  // -1: k_rope and v disagree
+    std::string k_path, v_path;
+  };
+  std::map<int, CacheRows> cache;  // by layer
   std::set<Series> series;
 
   std::string shown(std::string_view member_path) const { return printable(member_path, 120); }
@@ -941,6 +983,40 @@ struct TraceReader::Impl {
              std::tie(y.key.position, y.key.order, y.path);
     });
     meta.replay = series.contains(Series::replay);
+    const auto cache = std::find_if(top.begin(), top.end(), [](const Link& l) { return l.name == "cache"; });
+    if (cache != top.end()) index_cache(root, *cache);
+  }
+
+  // /cache/layer_<L>/k_rope and v: a capture's KV-cache rows of positions 0..n-1, [n, nKV, d].
+  void index_cache(hid_t root, const Link& link) {
+    const Hid g = open_member(root, link, "/cache", H5I_GROUP, "a group of KV-cache rows");
+    for (const Link& layer_link : links(g.get(), "/cache")) {
+      const std::string layer_path = "/cache/" + layer_link.name;
+      const auto layer = layer_link.name.starts_with("layer_")
+                             ? parse_index(std::string_view(layer_link.name).substr(6))
+                             : std::nullopt;
+      if (!layer || *layer >= config.num_hidden_layers)
+        fail("{}: {} is not a group named layer_<layer> of the model's {} layers", path,
+             shown(layer_path), config.num_hidden_layers);
+      const Hid lg = open_member(g.get(), layer_link, layer_path, H5I_GROUP, "a group named layer_<layer>");
+      for (const Link& ds_link : links(lg.get(), layer_path)) {
+        const std::string ds_path = layer_path + "/" + ds_link.name;
+        if (ds_link.name != "k_rope" && ds_link.name != "v")
+          fail("{}: {} is not k_rope or v, the cache rows a trace holds", path, shown(ds_path));
+        const Hid ds = open_member(lg.get(), ds_link, ds_path, H5I_DATASET, "a dataset");
+        const std::vector<uint64_t> dims = dims_of(ds.get(), ds_path);
+        if (dims.size() != 3 || dims[1] != uint64_t(config.num_key_value_heads) ||
+            dims[2] != uint64_t(config.head_dim) || dims[0] == 0 ||
+            dims[0] > uint64_t(config.max_position_embeddings))
+          fail("{}: {} holds {} values but cache rows are [positions, {}, {}] with 1 to {} "
+               "positions",
+               path, ds_path, dims_text(dims), config.num_key_value_heads, config.head_dim,
+               config.max_position_embeddings);
+        auto& rows = cache[*layer];
+        rows.count = rows.count == 0 || rows.count == int(dims[0]) ? int(dims[0]) : -1;
+        (ds_link.name == "k_rope" ? rows.k_path : rows.v_path) = ds_path;
+      }
+    }
   }
 
   void index_series(hid_t top, const std::vector<Link>& members, const std::string& prefix, Series s) {
@@ -997,6 +1073,35 @@ struct TraceReader::Impl {
 
   // One dataset's values, after checking everything that decides how much is allocated.
   StageData read(const std::string& ds_path, const StageKey& key) const {
+    return read_array(ds_path, stage_dims(config, key.stage, key.position), info(key.stage).kind,
+                      fmt::format("a {} row at position {}", name(key.stage), key.position),
+                      name(key.stage));
+  }
+
+  // The dims of a dataset, after checking that its data is in this file and it is an array.
+  std::vector<uint64_t> dims_of(hid_t ds, const std::string& ds_path) const {
+    const std::string doing = "reading " + ds_path;
+    const Hid dcpl = checked(H5Dget_create_plist(ds), H5Pclose, path, doing);
+    const int external = H5Pget_external_count(dcpl.get());
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    if (external < 0 || layout < 0) fail_hdf5(path, doing);
+    if (external > 0 || layout == H5D_VIRTUAL)
+      fail("{}: {} keeps its data in other files ({}); a trace's data is in the trace", path,
+           ds_path, external > 0 ? "external storage" : "a virtual dataset");
+    const Hid space = checked(H5Dget_space(ds), H5Sclose, path, doing);
+    if (H5Sget_simple_extent_type(space.get()) != H5S_SIMPLE)
+      fail("{}: {} holds a scalar or nothing; a stage row is an array", path, ds_path);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0 || rank > H5S_MAX_RANK) fail_hdf5(path, doing);
+    std::array<hsize_t, H5S_MAX_RANK> extent{};
+    if (H5Sget_simple_extent_dims(space.get(), extent.data(), nullptr) != rank) fail_hdf5(path, doing);
+    return std::vector<uint64_t>(extent.begin(), extent.begin() + rank);
+  }
+
+  // One dataset's values of `expected` dims and `kind`, after checking everything that decides
+  // how much is allocated; `what` names the expected shape's meaning in messages.
+  StageData read_array(const std::string& ds_path, const std::vector<size_t>& expected,
+                       ValueKind kind, const std::string& what, std::string_view stage) const {
     const std::string doing = "reading " + ds_path;
     const Hid ds = checked(H5Dopen2(file.get(), ds_path.c_str(), H5P_DEFAULT), H5Dclose, path, doing);
 
@@ -1020,10 +1125,9 @@ struct TraceReader::Impl {
     std::array<hsize_t, H5S_MAX_RANK> extent{};
     if (H5Sget_simple_extent_dims(space.get(), extent.data(), nullptr) != rank) fail_hdf5(path, doing);
     const std::vector<uint64_t> dims(extent.begin(), extent.begin() + rank);
-    const std::vector<size_t> expected = stage_dims(config, key.stage, key.position);
     if (!std::equal(dims.begin(), dims.end(), expected.begin(), expected.end()))
-      fail("{}: {} holds {} values but a {} row at position {} is {} under the trace's config",
-           path, ds_path, dims_text(dims), name(key.stage), key.position, dims_text(expected));
+      fail("{}: {} holds {} values but {} is {} under the trace's config", path, ds_path,
+           dims_text(dims), what, dims_text(expected));
     int64_t n = 1;
     for (size_t d : expected) n = checked_mul(n, int64_t(d), path + ": " + ds_path);
 
@@ -1034,17 +1138,16 @@ struct TraceReader::Impl {
     StageData d;
     d.dims = expected;
     hid_t mem_type = H5T_NATIVE_DOUBLE;
-    if (info(key.stage).kind == ValueKind::Index) {
+    if (kind == ValueKind::Index) {
       if (cls != H5T_INTEGER || size != 4 || H5Tget_sign(type.get()) != H5T_SGN_2)
-        fail("{}: {} is not int32, the type of the index stage {}", path, ds_path, name(key.stage));
+        fail("{}: {} is not int32, the type of the index stage {}", path, ds_path, stage);
       d.type = StageData::Type::I32;
       mem_type = H5T_NATIVE_INT32;
     } else if (cls == H5T_FLOAT && (size == 8 || size == 4)) {
       d.type = size == 8 ? StageData::Type::F64 : StageData::Type::F32;
       mem_type = size == 8 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
     } else {
-      fail("{}: {} is not float64 or float32, the types of the real stage {}", path, ds_path,
-           name(key.stage));
+      fail("{}: {} is not float64 or float32, the types of the real stage {}", path, ds_path, stage);
     }
 
     // The size: no more than the file holds (or, compressed, could inflate to).
@@ -1132,6 +1235,43 @@ bool TraceReader::has(const std::string& dataset_path) const {
   return impl_->keys.contains(dataset_path);
 }
 bool TraceReader::has_series(Series s) const { return impl_->series.contains(s); }
+int TraceReader::cache_length() const {
+  const Impl& r = *impl_;
+  if (r.cache.empty()) return 0;
+  int n = -1;
+  for (int layer = 0; layer < r.config.num_hidden_layers; ++layer) {
+    const auto it = r.cache.find(layer);
+    if (it == r.cache.end() || it->second.k_path.empty() || it->second.v_path.empty())
+      fail("{}: the KV-cache rows of layer {} (/cache/layer_{}/k_rope and v) are missing, while "
+           "other layers have theirs",
+           r.path, layer, layer);
+    if (it->second.count < 0 || (n >= 0 && it->second.count != n))
+      fail("{}: the KV-cache rows of layer {} cover {} positions, other layers' {}", r.path, layer,
+           it->second.count, n);
+    n = it->second.count;
+  }
+  return n;
+}
+
+KvRows TraceReader::cache_rows(int layer) const {
+  const Impl& r = *impl_;
+  const int n = cache_length();
+  const auto it = r.cache.find(layer);
+  if (n == 0 || it == r.cache.end()) fail("{}: no KV-cache rows of layer {}", r.path, layer);
+  const std::vector<size_t> dims = {size_t(n), size_t(r.config.num_key_value_heads),
+                                    size_t(r.config.head_dim)};
+  KvRows rows;
+  rows.count = n;
+  for (const auto& [p, out] : {std::pair{&it->second.k_path, &rows.k}, {&it->second.v_path, &rows.v}}) {
+    const std::string stage = p == &it->second.k_path ? "k_rope" : "v";
+    const StageData d = r.read_array(*p, dims, ValueKind::Real,
+                                     fmt::format("the cache rows of layer {}", layer), stage);
+    out->resize(d.size());
+    for (size_t i = 0; i < d.size(); ++i) (*out)[i] = d.at(i);
+  }
+  return rows;
+}
+
 std::string TraceReader::layout(const std::string& dataset_path) const {
   const auto it = impl_->layouts.find(dataset_path);
   return it == impl_->layouts.end() ? std::string() : it->second;

@@ -16,6 +16,9 @@
 //                             reference from the capture's own inputs (model/recompute.h)
 //   /recompute_magnitude/..., /recompute_bias/...
 //                             the magnitude rows of those sums, and |bias| of the projections
+//   /cache/layer_<L>/k_rope, v  a capture's KV-cache rows of positions 0..n-1 in one dataset
+//                             each, [n, nKV, d], for every layer: the prefix the reference takes
+//                             as its own cache instead of running it
 // e.g. the logits at position 7 are /pos_7/model/logits, shape [vocab]. Real stages are
 // float64 in reference traces and float32 in all others; topk_idx and sampled are int32.
 // Expert stages (mlp1, swiglu, mlp2) are [k, n]: row i belongs to the expert in slot i of
@@ -96,6 +99,9 @@ class TraceWriter : public Observer {
   void record(const StageKey& key, const StageData& data) override;
   // The same, with the dataset's "layout" attribute (a capture's record in a port's layout).
   void record(const StageKey& key, const StageData& data, std::string_view layout);
+  // The KV-cache rows of positions 0..rows.count-1 of `layer` (/cache/layer_<L>), as float64 or
+  // float32. Once per layer.
+  void record_cache(int layer, const KvRows& rows, bool f64);
   // The run attribute written at finish() (what a run learns as it goes), in place of meta.run.
   void set_run(nlohmann::json run);
   // The token list and positions written at finish() (a generating run learns them late).
@@ -128,6 +134,12 @@ class TraceReader {
   bool has_series(Series s) const;
   // The dataset's "layout" attribute, "" when it has none.
   std::string layout(const std::string& dataset_path) const;
+  // The KV-cache rows a capture recorded in bulk (/cache): how many positions (0..n-1) they
+  // cover, the same for every layer; 0 when the trace has none. Throws naming the file when a
+  // layer lacks them or the layers disagree.
+  int cache_length() const;
+  // Those rows of one layer (as float64), after the shape and size checks of every read.
+  KvRows cache_rows(int layer) const;
   // Checks the dataset's shape against its stage's rule, its element type against its stage's
   // kind, and its size against the file's, before allocating; throws naming file and dataset.
   StageData read(const std::string& dataset_path) const;

@@ -27,6 +27,10 @@
 //   window   the sliding window one key too wide (pos - j <= window)
 //   nibble   MXFP4 nibbles swapped (the high nibble taken as the even element)
 //   kv-early each position's k and v written one cache slot early
+//
+// --cache-prefix N records nothing of positions 0..N-1 but their KV cache, in bulk
+// (parity_capture_record_cache), as the port holds it: the diff then judges positions N and
+// later without the reference running the prefix.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -588,10 +592,11 @@ std::vector<int32_t> parse_tokens(const std::string& text) {
 
 int run(int argc, char** argv) {
   std::string dir, capture_path, tokens_text, dtype = "float32";
+  int cache_prefix = 0;
   Bug bug = Bug::none;
   const char* usage =
       "naive_port MODEL_DIR --tokens t0,t1,... [--capture FILE] [--dtype float32|bfloat16] "
-      "[--bug sink|clamp|gate2|eps|trunc|window|nibble|kv-early]";
+      "[--bug sink|clamp|gate2|eps|trunc|window|nibble|kv-early] [--cache-prefix N]";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -602,7 +607,12 @@ int run(int argc, char** argv) {
       tokens_text = next();
     else if (a == "--capture")
       capture_path = next();
-    else if (a == "--dtype") {
+    else if (a == "--cache-prefix") {
+      const std::string n = next();
+      size_t used = 0;
+      cache_prefix = std::stoi(n, &used);
+      if (used != n.size() || cache_prefix < 0) die("--cache-prefix N: a position, not " + n);
+    } else if (a == "--dtype") {
       dtype = next();
       if (dtype != "float32" && dtype != "bfloat16") die("--dtype float32|bfloat16, not " + dtype);
     } else if (a == "--bug") {
@@ -621,6 +631,7 @@ int run(int argc, char** argv) {
   }
   if (dir.empty() || tokens_text.empty()) die(std::string("usage: ") + usage);
   const std::vector<int32_t> tokens = parse_tokens(tokens_text);
+  if (size_t(cache_prefix) >= tokens.size()) die("--cache-prefix: not below the token count");
 
   const Checkpoint ck(dir);  // kept mapped: the experts are decoded from it as they are used
   const Model m = load_model(ck, dir);
@@ -640,6 +651,22 @@ int run(int argc, char** argv) {
   Vec logits;
   for (size_t i = 0; i < tokens.size(); ++i) {
     try {
+      // --cache-prefix N: positions below N record nothing; their KV cache is recorded in bulk,
+      // as the port holds it, once they are done.
+      port.cap = i < size_t(cache_prefix) ? nullptr : cap;
+      if (cap != nullptr && cache_prefix > 0 && i == size_t(cache_prefix))
+        for (int L = 0; L < m.p.layers; ++L) {
+          Vec k, v;
+          for (int j = 0; j < cache_prefix; ++j) {
+            const Vec& kj = port.k_cache[size_t(L)][size_t(j)];
+            const Vec& vj = port.v_cache[size_t(L)][size_t(j)];
+            k.insert(k.end(), kj.begin(), kj.end());
+            v.insert(v.end(), vj.begin(), vj.end());
+          }
+          if (parity_capture_record_cache(cap, L, size_t(cache_prefix), k.data(), v.data(),
+                                          PARITY_CAPTURE_F32, PARITY_LAYOUT_DEFAULT) != 0)
+            die(parity_capture_last_error());
+        }
       logits = port.step(tokens[i], int(i));
     } catch (...) {
       parity_capture_abandon(cap);

@@ -279,6 +279,7 @@ class Capture:
             raise CaptureError(f"capture {self.path}: no tokens")
         self._written = set()
         self._groups = {}  # (position, layer) -> its h5py group
+        self._cache = {}   # layer -> cache rows recorded
         self._partial = {}
         self._refused = []
         if os.path.isdir(self.path) or (os.path.exists(self.path) and
@@ -340,6 +341,52 @@ class Capture:
         if self._file is None:
             raise CaptureError(f"capture {self.path}: append_tokens() after close() or abandon()")
         self.tokens.extend(self._checked_tokens(tokens))
+
+    def record_cache(self, layer: int, k, v, layout: int = 0):
+        """Records the KV-cache rows of positions 0..n-1 of `layer` in one call: k (rotated keys)
+        and v, each [n, n_kv_heads, head_dim] (k in ROPE_INTERLEAVED pairs with that layout). A
+        capture with cache rows for every layer and stage rows only at positions n and later is
+        judged at those positions alone: the reference takes this cache as its own and skips the
+        prefix (long positions at the cost of one; parity-trace --candidate-trace)."""
+        if self._file is None:
+            raise CaptureError(f"capture {self.path}: record_cache() after close() or abandon()")
+        c = self.config
+        layer, layout = int(layer), int(layout)
+        at = f"capture {self.path}: cache of layer {layer}"
+        if not 0 <= layer < c.layers:
+            self._refuse(f"{at}: the model has layers 0..{c.layers - 1}")
+        if layout & ~ROPE_INTERLEAVED:
+            self._refuse(f"{at}: layout {_layout_text(layout & ~ROPE_INTERLEAVED)} does not apply to "
+                         "cache rows")
+        if layer in self._cache:
+            self._refuse(f"{at}: recorded twice")
+        rows = []
+        for name, values in (("k_rope", k), ("v", v)):
+            a = _to_numpy(values)
+            if a.dtype.kind != "f":
+                self._refuse(f"{at}: {name} holds real values: give floats, not {a.dtype}")
+            row = c.kv_heads * c.head_dim
+            if a.size % row or a.size == 0:
+                self._refuse(f"{at}: {name} has {a.size} values, not a whole number of rows of "
+                             f"[{c.kv_heads}, {c.head_dim}]")
+            a = a.reshape(-1, c.kv_heads, c.head_dim)
+            if name == "k_rope" and layout & ROPE_INTERLEAVED:
+                a = np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1)
+            rows.append(a)
+        if rows[0].shape != rows[1].shape:
+            self._refuse(f"{at}: k_rope has {rows[0].shape[0]} rows, v {rows[1].shape[0]}")
+        n = rows[0].shape[0]
+        if n > len(self.tokens):
+            self._refuse(f"{at}: {n} rows, but the capture has {len(self.tokens)} tokens")
+        if self._cache and n != next(iter(self._cache.values())):
+            self._refuse(f"{at}: {n} rows, but the layers recorded before have "
+                         f"{next(iter(self._cache.values()))}: every layer caches the same positions")
+        group = self._file.require_group("cache").require_group(f"layer_{layer}")
+        for name, a in zip(("k_rope", "v"), rows):
+            ds = group.create_dataset(name, data=a.astype(np.float64 if a.dtype == np.float64 else np.float32))
+            self._ds_attr(ds, "layer", layer)
+            self._ds_attr(ds, "first_position", 0)
+        self._cache[layer] = n
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -515,6 +562,15 @@ class Capture:
             if self._refused:
                 raise CaptureError(f"capture {self.path}: not written: {len(self._refused)} record(s) "
                                    f"were refused; the first: {self._refused[0]}")
+            if self._cache and len(self._cache) != self.config.layers:
+                missing = [L for L in range(self.config.layers) if L not in self._cache][0]
+                raise CaptureError(f"capture {self.path}: cache rows of layer {missing} never recorded "
+                                   f"(the other layers' are); not written")
+            inside = sorted(p for p, _, _ in self._written if self._cache and p < next(iter(self._cache.values())))
+            if inside:
+                raise CaptureError(f"capture {self.path}: rows at position {inside[0]} lie inside the cache "
+                                   f"prefix 0..{next(iter(self._cache.values())) - 1}: record a position's "
+                                   "stage rows or its cache rows, not both; not written")
             if self._partial:
                 (position, layer, stage), (_, have, _) = next(iter(self._partial.items()))
                 missing = [i for i, h in enumerate(have) if not h]
