@@ -4,11 +4,14 @@
 // Input: the bytes of a whole file, meant to be an HDF5 trace. The seeds in
 // fuzz/corpus/trace_reader_fuzz/ are small valid traces (a reference trace with magnitude rows, a
 // candidate with replay rows and a run id, a trace in the older layout with variable-length
-// string attributes) and truncated and bit-flipped copies of them.
+// string attributes, a capture with KV-cache rows in bulk and an att row recorded without its
+// sink, the reference trace of that capture with its recomputed rows) and truncated and
+// bit-flipped copies of them.
 //
 // Each input is written to a temporary file, opened with TraceReader (metadata and index), and
-// every output dataset is read, with its replay and magnitude rows where the trace has them;
-// each read on its own, so that one refused dataset does not hide the others. parity::Error is
+// every output dataset is read, with its replay, magnitude and recompute rows and its layout
+// attribute where the trace has them, and the KV-cache rows of every layer; each read on its
+// own, so that one refused dataset does not hide the others. parity::Error is
 // the reader's answer to a bad file and is swallowed. Anything else is a finding: a crash, a
 // sanitizer report, another exception escaping, a hang, or memory beyond libFuzzer's limit (the
 // reader must never allocate more than the file could hold).
@@ -74,9 +77,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const parity::TraceReader reader(path);
     for (const parity::TraceEntry& e : reader.entries()) {
       read_one(reader, e.path);
-      for (parity::Series s : {parity::Series::replay, parity::Series::magnitude}) {
+      (void)reader.layout(e.path);
+      for (parity::Series s : {parity::Series::replay, parity::Series::magnitude,
+                               parity::Series::recompute, parity::Series::recompute_magnitude,
+                               parity::Series::recompute_bias}) {
         const std::string side = parity::trace_dataset_path(e.key.position, e.key.layer, e.key.stage, s);
         if (reader.has(side)) read_one(reader, side);
+      }
+    }
+    for (int layer = 0; layer < reader.config().num_hidden_layers; ++layer) {
+      try {
+        if (reader.cache_length() == 0) break;
+        const parity::KvRows rows = reader.cache_rows(layer);
+        // The promised shape: count rows of nKV x d, k and v alike.
+        const size_t row = size_t(reader.config().num_key_value_heads) * size_t(reader.config().head_dim);
+        if (rows.k.size() != size_t(rows.count) * row || rows.v.size() != rows.k.size()) __builtin_trap();
+      } catch (const parity::Error&) {
       }
     }
   } catch (const parity::Error&) {
