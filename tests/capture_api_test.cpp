@@ -347,6 +347,55 @@ TEST(CaptureApi, TokensAppendedAsAPortGeneratesThem) {
   EXPECT_EQ(parity_capture_append_tokens(nullptr, nullptr, 7), PARITY_CAPTURE_OK);
 }
 
+TEST(CaptureApi, CacheRowsAreCheckedAtTheCall) {
+  CaptureFile f;
+  parity_capture* cap = open_capture(f.path);
+  ASSERT_NE(cap, nullptr);
+  const std::vector<float> kv(2 * 2 * 16, 0.5f);  // 2 positions of [nKV 2, d 16]
+  const auto msg = [] { return std::string(parity_capture_last_error()); };
+  EXPECT_EQ(parity_capture_record_cache(cap, 4, 2, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
+            PARITY_CAPTURE_ERR_STAGE);
+  EXPECT_NE(msg().find("cache of layer 4: the model has layers 0..3"), std::string::npos) << msg();
+  EXPECT_EQ(parity_capture_record_cache(cap, 0, 2, kv.data(), kv.data(), PARITY_CAPTURE_I32, 0),
+            PARITY_CAPTURE_ERR_ARGUMENT);
+  EXPECT_EQ(parity_capture_record_cache(cap, 0, 2, kv.data(), kv.data(), PARITY_CAPTURE_F32,
+                                        PARITY_LAYOUT_SINK_FIRST),
+            PARITY_CAPTURE_ERR_ARGUMENT);
+  EXPECT_NE(msg().find("layout SINK_FIRST does not apply to cache rows"), std::string::npos) << msg();
+  EXPECT_EQ(parity_capture_record_cache(cap, 0, 6, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
+            PARITY_CAPTURE_ERR_SHAPE);
+  EXPECT_NE(msg().find("6 rows, but the capture has 5 tokens"), std::string::npos) << msg();
+  EXPECT_EQ(parity_capture_record_cache(cap, 0, 2, nullptr, kv.data(), PARITY_CAPTURE_F32, 0),
+            PARITY_CAPTURE_ERR_ARGUMENT);
+  ASSERT_EQ(parity_capture_record_cache(cap, 0, 2, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
+            PARITY_CAPTURE_OK)
+      << msg();
+  EXPECT_EQ(parity_capture_record_cache(cap, 0, 2, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
+            PARITY_CAPTURE_ERR_DUPLICATE);
+  EXPECT_EQ(parity_capture_record_cache(cap, 1, 1, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
+            PARITY_CAPTURE_ERR_SHAPE);
+  EXPECT_NE(msg().find("every layer caches the same positions"), std::string::npos) << msg();
+  // Refused records leave nothing to write.
+  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_FALSE(fs::exists(f.path));
+  // A cache for some layers only, or stage rows inside the cached prefix: not written.
+  cap = open_capture(f.path);
+  ASSERT_EQ(parity_capture_record_cache(cap, 0, 2, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
+            PARITY_CAPTURE_OK);
+  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_NE(msg().find("cache rows of layer 1 never recorded"), std::string::npos) << msg();
+  cap = open_capture(f.path);
+  for (int layer = 0; layer < 4; ++layer)
+    ASSERT_EQ(parity_capture_record_cache(cap, layer, 2, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
+              PARITY_CAPTURE_OK);
+  ASSERT_EQ(record(cap, "embedding", 1, -1,
+                   as_float(reference_rows().rows.at({1, kModelLayer, Stage::embedding}))),
+            PARITY_CAPTURE_OK);
+  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_NE(msg().find("rows at position 1 lie inside the cache prefix 0..1"), std::string::npos) << msg();
+  EXPECT_FALSE(fs::exists(f.path));
+}
+
 TEST(CaptureApi, ANullHandleIsANoOpAndCopiesNothing) {
   int copies = 0;
   const auto copy = [](void*, const void*, size_t, void* user) {

@@ -219,7 +219,10 @@ TEST(CaptureExample, ParityTraceRefusesBadCaptures) {
   // Options that belong to a candidate run.
   expect_one_error_line(trace_capture(capture, dir + "/o7", "--inject qkv:0"),
                         {"--inject does not apply"});
-  for (const char* o : {"o1", "o2", "o3", "o4", "o5", "o6", "o7"})
+  // A precision that is not a preset.
+  expect_one_error_line(trace_capture(capture, dir + "/o8", "--precision bfloat17"),
+                        {"precision bfloat17 is not a preset", "transformers-bf16"});
+  for (const char* o : {"o1", "o2", "o3", "o4", "o5", "o6", "o7", "o8"})
     EXPECT_FALSE(fs::exists(fs::path(dir) / o / "report.txt")) << o;
 }
 
