@@ -120,7 +120,8 @@ nlohmann::json fields_json(const StagePrecision& p, const StagePrecision* base) 
 // Reads the fields of `j` into `p` (those present; `required` must all be).
 void read_fields(const nlohmann::json& j, StagePrecision& p, bool required,
                  const std::string& where, const std::string& source) {
-  for (const auto& [key, value] : j.items()) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
     const bool known = std::any_of(kFields.begin(), kFields.end(),
                                    [&](const Field& f) { return key == f.key; });
     if (!known && key != "name" && key != "stages")
