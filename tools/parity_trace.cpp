@@ -194,7 +194,7 @@ int trace_capture(const TraceReader& capture, const std::string& model,
       criterion.policy.value_or(cm.precision_policy.value_or(PrecisionPolicy::float32(4)));
   // A capture with KV-cache rows of positions 0..n-1 (/cache): the reference takes them as its
   // cache and runs from n on, recomputed rows only (long positions at the cost of one).
-  const int prefix = capture.cache_length();
+  const int prefix = cached;
   nlohmann::json run_facts = {{"candidate_trace", capture_path}, {"step_rows", step_rows}};
   if (prefix > 0) {
     t0 = std::chrono::steady_clock::now();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <fmt/ranges.h>
 #include <cmath>
 #include <limits>
@@ -550,9 +551,14 @@ class DatasetJudge {
       : a_(a), b_(b), config_(config), r_(result), o_(options), source_(b),
         recompute_source_(a, b), rows_(a) {
     if (r_.local_source == LocalSource::recompute) {
-      int last = 0;
-      for (const auto& e : a.entries()) last = std::max(last, e.key.position);
-      coverage_.emplace(rows_, config_, last);
+      int first = INT_MAX, last = 0;
+      for (const auto& e : a.entries()) {
+        first = std::min(first, e.key.position);
+        last = std::max(last, e.key.position);
+      }
+      // Where the reference skipped the prefix, A's cache before its first position was handed
+      // over whole (it is not among A's rows).
+      coverage_.emplace(rows_, config_, last, r_.accumulated_unavailable ? first : 0);
     }
   }
 
