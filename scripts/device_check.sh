@@ -269,7 +269,8 @@ step_hf-generate() {
 # HF_20B_TOKENS positions, synthesized under MODELS_DIR), HF_DTYPES (default all four), and on
 # hf-large in bfloat16 also with --cast-buffers (model.to(dtype) rounds RoPE's inv_freq). A
 # capture that fails (a model too large for the GPU in that dtype) is logged and skipped. The
-# captures stay in LOG_DIR/captures; transformers' own GptOss code is logged first.
+# captures stay in LOG_DIR/captures; transformers' own GptOss code is logged first. HF_DEVICE
+# (default cuda): "auto" spreads the layers over every GPU (the 20b in float64 needs two H200s).
 step_hf-capture() {
   python3 -c "import torch, transformers" 2>/dev/null || { echo "hf-capture: no torch/transformers here"; return 0; }
   local caps="$LOG_DIR/captures" tokens
@@ -305,7 +306,7 @@ PY
     local t0=$SECONDS
     set +e
     PYTHONPATH=python python3 -m parity_capture.hf "$dir" --tokens "$tk" --out "$caps/$name.h5" \
-      --dtype "$dtype" --device cuda $extra >>"$LOG_DIR/hf-capture.log" 2>&1
+      --dtype "$dtype" --device "${HF_DEVICE:-cuda}" $extra >>"$LOG_DIR/hf-capture.log" 2>&1
     local rc=$?
     set -e
     echo "$name: capture exit $rc in $((SECONDS - t0)) s" | tee -a "$LOG_DIR/hf-capture.log"

@@ -228,7 +228,9 @@ def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = Fal
     bfloat16, exactly representable in float32 and float64). Buffers keep the dtype transformers
     gives them (the rotary inv_freq stays float32) unless `cast_buffers`: then the whole model
     goes through model.to(dtype), as many scripts do, which rounds inv_freq to the dtype (RoPE's
-    angles then err by a rounding of inv_freq times the position)."""
+    angles then err by a rounding of inv_freq times the position). `device` "auto" spreads the
+    layers over every visible GPU (accelerate's device_map="auto"), for a model one GPU cannot
+    hold (the 20b in float64 is 168 GB)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -244,14 +246,17 @@ def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = Fal
     except ImportError:
         pass
     torch_dtype = getattr(torch, dtype)
+    if device == "auto":
+        kwargs["device_map"] = "auto"
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype,
                                                      experts_implementation="eager", **kwargs)
     except TypeError:  # transformers before `dtype` and `experts_implementation`
         model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch_dtype, **kwargs)
     if cast_buffers:
-        return model.to(device=device, dtype=torch_dtype).eval()
-    model = model.to(device=device)
+        return (model.to(dtype=torch_dtype) if device == "auto" else model.to(device=device, dtype=torch_dtype)).eval()
+    if device != "auto":
+        model = model.to(device=device)
     with torch.no_grad():
         for p in model.parameters():
             if p.dtype != torch_dtype:
@@ -309,7 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="the capture file to write")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"],
                     help="the dtype transformers runs in (default float32)")
-    ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    ap.add_argument("--device", default="cpu",
+                    help="torch device (default cpu); auto: the layers spread over every visible GPU")
     ap.add_argument("--port", default="transformers", help="the name recorded as the trace's backend")
     ap.add_argument("--cast-buffers", action="store_true",
                     help="model.to(dtype) after loading, buffers included, as many scripts do: rounds "
