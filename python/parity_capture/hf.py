@@ -246,22 +246,39 @@ def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = Fal
     except ImportError:
         pass
     torch_dtype = getattr(torch, dtype)
-    if device == "auto":
-        kwargs["device_map"] = "auto"
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype,
                                                      experts_implementation="eager", **kwargs)
     except TypeError:  # transformers before `dtype` and `experts_implementation`
         model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch_dtype, **kwargs)
-    if cast_buffers:
-        return (model.to(dtype=torch_dtype) if device == "auto" else model.to(device=device, dtype=torch_dtype)).eval()
-    if device != "auto":
+    if device != "auto":  # cast where the model will run
         model = model.to(device=device)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dtype != torch_dtype:
-                p.data = p.data.to(torch_dtype)
-    return model.eval()
+    if cast_buffers:
+        model = model.to(dtype=torch_dtype)
+    else:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dtype != torch_dtype:
+                    p.data = p.data.to(torch_dtype)
+    return (_spread_over_gpus(model) if device == "auto" else model).eval()
+
+
+def _spread_over_gpus(model):
+    """The model's layers spread over every visible GPU, by accelerate's map of the model as it
+    is now (every parameter already in its final dtype: a map made at load time would size the
+    dequantized experts as bfloat16)."""
+    import torch
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise CaptureError("--device auto: no GPU is visible")
+    budget = {i: int(torch.cuda.get_device_properties(i).total_memory * 0.9) for i in range(n)}
+    device_map = infer_auto_device_map(model, max_memory=budget,
+                                       no_split_module_classes=list(model._no_split_modules or []))
+    if any(str(d) in ("cpu", "disk") for d in device_map.values()):
+        raise CaptureError(f"--device auto: the model does not fit in {n} GPU(s) at 90% of their memory")
+    return dispatch_model(model, device_map=device_map)
 
 
 # The precision preset of transformers in each dtype (parity_capture/precision.py).
