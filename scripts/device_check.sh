@@ -265,12 +265,13 @@ step_hf-generate() {
 
 # transformers' GptOss captured in every dtype (python -m parity_capture.hf) and judged by
 # parity-trace --candidate-trace: HF_MODELS (default golden/hf-tiny and golden/hf-large at
-# HF_TOKENS positions, 40 by default: past the sliding window of 8; "20b" is the synthetic 20b at
-# HF_20B_TOKENS positions, synthesized under MODELS_DIR), HF_DTYPES (default all four), and on
+# HF_TOKENS positions, 40 by default: past the sliding window of 8; "20b" and "120b" are the
+# synthetic models at HF_20B_TOKENS positions, synthesized under MODELS_DIR), HF_DTYPES (default all four), and on
 # hf-large in bfloat16 also with --cast-buffers (model.to(dtype) rounds RoPE's inv_freq). A
 # capture that fails (a model too large for the GPU in that dtype) is logged and skipped. The
 # captures stay in LOG_DIR/captures; transformers' own GptOss code is logged first. HF_DEVICE
-# (default cuda): "auto" spreads the layers over every GPU (the 20b in float64 needs two H200s).
+# (default cuda): "auto" spreads the layers over every GPU (the 20b in float64 and the 120b in
+# bfloat16 need two H200s).
 step_hf-capture() {
   python3 -c "import torch, transformers" 2>/dev/null || { echo "hf-capture: no torch/transformers here"; return 0; }
   local caps="$LOG_DIR/captures" tokens
@@ -298,9 +299,9 @@ PY
     local m="${r%%:*}" rest="${r#*:}"
     local dtype="${rest%%:*}" extra="${rest#*:}"
     local dir="golden/$m" tk="$tokens" name="$m-$dtype${extra:+-cast}"
-    if [ "$m" = 20b ]; then
-      dir="$MODELS_DIR/20b"
-      [ -f "$dir/config.json" ] || logged hf-capture "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$dir"
+    if [ "$m" = 20b ] || [ "$m" = 120b ]; then
+      dir="$MODELS_DIR/$m"
+      [ -f "$dir/config.json" ] || logged hf-capture "$bin/parity-synth" --preset "$m" "${synth_tokenizer[@]}" --out "$dir"
       tk="$(awk -v n="${HF_20B_TOKENS:-15}" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), (1 + 7919 * i) % 201088 }')"
     fi
     local t0=$SECONDS

@@ -229,8 +229,8 @@ def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = Fal
     gives them (the rotary inv_freq stays float32) unless `cast_buffers`: then the whole model
     goes through model.to(dtype), as many scripts do, which rounds inv_freq to the dtype (RoPE's
     angles then err by a rounding of inv_freq times the position). `device` "auto" spreads the
-    layers over every visible GPU (accelerate's device_map="auto"), for a model one GPU cannot
-    hold (the 20b in float64 is 168 GB)."""
+    layers over every visible GPU in equal shares (device_map="balanced"), for a model one GPU
+    cannot hold (the 20b in float64 is 168 GB, the 120b in bfloat16 234 GB)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -246,6 +246,14 @@ def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = Fal
     except ImportError:
         pass
     torch_dtype = getattr(torch, dtype)
+    if device == "auto":
+        # Each GPU gets an equal share of the model as the loader sizes it. Its sizes may be off
+        # by a constant factor (the dequantized experts are sized as MXFP4, or as bfloat16 that
+        # the cast below doubles or quadruples), but every layer is off alike: equal shares stay
+        # equal, where "fill the first GPU first" would overfill it.
+        if torch.cuda.device_count() == 0:
+            raise CaptureError("--device auto: no GPU is visible")
+        kwargs["device_map"] = "balanced"
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype,
                                                      experts_implementation="eager", **kwargs)
@@ -254,31 +262,12 @@ def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = Fal
     if device != "auto":  # cast where the model will run
         model = model.to(device=device)
     if cast_buffers:
-        model = model.to(dtype=torch_dtype)
-    else:
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dtype != torch_dtype:
-                    p.data = p.data.to(torch_dtype)
-    return (_spread_over_gpus(model) if device == "auto" else model).eval()
-
-
-def _spread_over_gpus(model):
-    """The model's layers spread over every visible GPU, by accelerate's map of the model as it
-    is now (every parameter already in its final dtype: a map made at load time would size the
-    dequantized experts as bfloat16)."""
-    import torch
-    from accelerate import dispatch_model, infer_auto_device_map
-
-    n = torch.cuda.device_count()
-    if n == 0:
-        raise CaptureError("--device auto: no GPU is visible")
-    budget = {i: int(torch.cuda.get_device_properties(i).total_memory * 0.9) for i in range(n)}
-    device_map = infer_auto_device_map(model, max_memory=budget,
-                                       no_split_module_classes=list(model._no_split_modules or []))
-    if any(str(d) in ("cpu", "disk") for d in device_map.values()):
-        raise CaptureError(f"--device auto: the model does not fit in {n} GPU(s) at 90% of their memory")
-    return dispatch_model(model, device_map=device_map)
+        return model.to(dtype=torch_dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dtype != torch_dtype:
+                p.data = p.data.to(torch_dtype)  # on the parameter's own device
+    return model.eval()
 
 
 # The precision preset of transformers in each dtype (parity_capture/precision.py).
@@ -299,7 +288,8 @@ def capture_transformers(model, model_dir: str, tokens, out: str, port: str = "t
     param = next(model.parameters())
     if precision is None:
         precision = PRECISION_OF_DTYPE.get(str(param.dtype).replace("torch.", ""), "float32")
-    facts = [f"transformers {_version('transformers')}, torch {_version('torch')} on {param.device}"]
+    devices = sorted({str(p.device) for p in model.parameters()})
+    facts = [f"transformers {_version('transformers')}, torch {_version('torch')} on {', '.join(devices)}"]
     buffers = sorted({str(b.dtype).replace("torch.", "") for n, b in model.named_buffers() if "inv_freq" in n})
     if buffers:
         facts.append(f"rotary inv_freq in {', '.join(buffers)}")
