@@ -5,21 +5,10 @@
 // code, compiled by the host compiler; the kernels live in the .hip files behind
 // device/kernels.h.
 //
-// Fusion keeps every stage boundary visible (each fused kernel writes every stage output it
-// covers) and stays exact under fault injection:
-//   q_rope  writes q_rope, k_rope and v (all three depend on qkv only; k_rope, v run nothing),
-//           and appends k_rope and v to the KV cache (the scores stage's append);
-//   o_proj  writes o_proj and resid_attn = residual + o_proj;
-//   router  writes router, topk_idx and topk_w (logits and decision in one kernel);
-//   mlp1    writes mlp1 and swiglu;
-//   moe_out writes moe_out and resid_ffn = resid_attn + moe_out.
-// When the graph overwrites a fused producer's output (write(): injection, replay), the
-// consumer stage's run() recomputes its output from the written one with its own kernel.
-// The norms (attn_norm, ffn_norm, final_norm), the attention output and mlp1 (swiglu) also write
-// their output split into BF16 parts for the MMA kernel that reads it next (qkv, mlp1, logits;
-// o_proj; mlp2); the runtime records whose split each scratch holds, and write() forgets them, so
-// that consumer then splits the written values itself. Likewise scores appends k_rope and v again
-// when either was written since q_rope appended them.
+// Fused kernels write every stage output they cover (device/fusion.h): when write() overwrites
+// an output a covered part was computed from (injection, replay), the covered stage's run()
+// recomputes that part with its own kernel. The MMA kernels' BF16 splits of an input are tracked
+// by the runtime, and write() forgets them, so the consumer then splits the written values itself.
 //
 // An untraced step (forward() with no observer and no injection) comes as one run_step(): the
 // same launches in the same order, through the runtime's step graphs (one captured graph per
@@ -33,6 +22,7 @@
 #include <vector>
 
 #include "device/build_facts.h"
+#include "device/fusion.h"
 #include "device/hip_compat.h"
 #include "device/kernels.h"
 #include "device/runtime/runtime.h"
@@ -107,29 +97,9 @@ void HipBackend::run(Stage s, int layer) {
     fail("hip backend: run({}) at layer {}: out of range", parity::name(s), layer);
   ran_.set(size_t(s));
   ran_layer_[size_t(s)] = layer;
-  // Was the fused producer of this stage overwritten after it ran? Then the stage recomputes.
-  const bool stale = [&] {
-    switch (s) {
-      case Stage::scores:
-        return overwritten_.test(size_t(Stage::k_rope)) || overwritten_.test(size_t(Stage::v));
-      case Stage::att:  // the decode attention kernel wrote att and attn_out with the scores
-        return overwritten_.test(size_t(Stage::scores));
-      case Stage::attn_out:
-        return overwritten_.test(size_t(Stage::scores)) || overwritten_.test(size_t(Stage::att));
-      case Stage::resid_attn:
-        return overwritten_.test(size_t(Stage::o_proj));
-      case Stage::topk_idx:
-        return overwritten_.test(size_t(Stage::router));
-      case Stage::topk_w:
-        return overwritten_.test(size_t(Stage::topk_idx));
-      case Stage::swiglu:
-        return overwritten_.test(size_t(Stage::mlp1));
-      case Stage::resid_ffn:
-        return overwritten_.test(size_t(Stage::moe_out));
-      default:
-        return false;
-    }
-  }();
+  // Was an output its covered part came from overwritten since? Then the stage recomputes it.
+  const bool stale =
+      covered_part_stale(s, [&](Stage w) { return overwritten_.test(size_t(w)); });
   overwritten_.reset(size_t(s));
   launch_stage(rt_, s, layer, stale);
 }

@@ -1,37 +1,32 @@
 #include "device/stage_launch.h"
 
+#include "device/fusion.h"
 #include "device/kernels.h"
 #include "model/error.h"
 
 namespace parity::device {
-
-bool fused_into_producer(Stage s) {
-  switch (s) {
-    case Stage::k_rope:
-    case Stage::v:
-    case Stage::resid_attn:
-    case Stage::topk_idx:
-    case Stage::topk_w:
-    case Stage::swiglu:
-    case Stage::resid_ffn:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // mlp1's epilogue writes mlp2's split (three 2-byte stores per output, scattered over the
 // tile's pairs) in steps of up to this many (row, slot) pairs; larger steps leave it to the split
 // kernel's 16-byte stores, which were faster at prefill (docs/measurements.md, 2026-11-25).
 constexpr int64_t kMlp1SplitMaxPairs = 256;
 
-void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
+namespace {
+
+bool is_epilogue(Stage s) {
+  return s == Stage::final_norm || s == Stage::logits || s == Stage::sampled;
+}
+
+// Stage `s`'s kernels over every row of the step, or, for an epilogue stage with `sampled`,
+// over those rows.
+void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const SampledRows* sampled) {
+  PARITY_CHECK(sampled == nullptr || is_epilogue(s), "launch_sampled_stage({})", name(s));
   const Config& c = rt.config();
   const ActivationArena& arena = rt.arena();
   const auto out = [&](Stage st) { return arena.out(st); };
   // Input of the layer's attention block: the embedding, or the previous layer's resid_ffn.
   const auto residual_in = [&] { return out(layer == 0 ? Stage::embedding : Stage::resid_ffn); };
-  const int B = rt.step().rows();
+  const int B = sampled != nullptr ? sampled->count : rt.step().rows();
   const int H = c.hidden_size, k = c.num_experts_per_tok, I = c.intermediate_size;
   const float alpha = float(c.swiglu_alpha), limit = float(c.swiglu_limit);
   const float eps = float(c.rms_norm_eps);
@@ -192,15 +187,36 @@ void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
         launch_f32_add(out(Stage::resid_attn), out(Stage::moe_out), int64_t(B) * H, out(s), st);
       break;
     case Stage::final_norm:
-      rmsnorm(out(Stage::resid_ffn), w.final_norm(), s, kModelLayer);
+      if (sampled != nullptr) {  // the sampled rows of resid_ffn, gathered, then normalized
+        launch_f32_gather_rows(out(Stage::resid_ffn), sampled->rows, B, H, arena.sampled_rows(),
+                               st);
+        rmsnorm(arena.sampled_rows(), w.final_norm(), s, kModelLayer);
+      } else {
+        rmsnorm(out(Stage::resid_ffn), w.final_norm(), s, kModelLayer);
+      }
       break;
     case Stage::logits:
       gemv({w.lm_head(), nullptr}, Stage::final_norm, kModelLayer, s);
       break;
     case Stage::sampled:
-      launch_f32_argmax(out(Stage::logits), B, c.vocab_size, arena.index_out(s), st);
+      if (sampled != nullptr && sampled->params != nullptr)
+        launch_f32_sample(out(Stage::logits), c.vocab_size, B, c.vocab_size, sampled->params,
+                          sampled->tokens, st);
+      else
+        launch_f32_argmax(out(Stage::logits), B, c.vocab_size,
+                          sampled != nullptr ? sampled->tokens : arena.index_out(s), st);
       break;
   }
+}
+
+}  // namespace
+
+void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
+  launch(rt, s, layer, recompute, nullptr);
+}
+
+void launch_sampled_stage(DeviceRuntime& rt, Stage s, const SampledRows& rows) {
+  launch(rt, s, kModelLayer, false, &rows);
 }
 
 }  // namespace parity::device

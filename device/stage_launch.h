@@ -4,11 +4,10 @@
 // production engine (engine/device_runner.cpp) calls it for every stage of every layer. Both
 // therefore run the same kernels in the same order on the same buffers.
 //
-// Fused kernels write every stage output they cover (device/hip_backend.cpp lists them); the
-// stages they cover launch nothing unless `recompute` says their fused producer's output was
-// overwritten since it ran (injection, replay), in which case they recompute from it. Likewise
-// scores appends k_rope and v to the KV cache (q_rope's kernel did) only with `recompute`: when
-// either was overwritten since.
+// Fused kernels write every stage output they cover (device/fusion.h, the one table of them);
+// a covered stage launches nothing for its covered part unless `recompute` says an output it
+// was computed from was overwritten since (injection, replay; covered_part_stale), in which
+// case it recomputes that part with its own kernel.
 #pragma once
 #include "device/runtime/runtime.h"
 #include "model/stages.h"
@@ -16,11 +15,23 @@
 namespace parity::device {
 
 // Launches stage `s` of `layer` (kModelLayer for model-scope stages) on rt's stream over the
-// current step's rows. The epilogue stages (final_norm, logits, sampled) run on every row.
+// current step's rows. The epilogue stages (final_norm, logits, sampled) run on every row;
+// sampled takes each row's argmax.
 void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute);
 
-// Whether `s` is covered by an earlier fused kernel of its layer (launch_stage launches nothing
-// for it unless asked to recompute).
-bool fused_into_producer(Stage s);
+// The rows of the step the serving engine samples, in device memory.
+struct SampledRows {
+  const int32_t* rows = nullptr;  // the step row of each sample
+  int count = 0;
+  // Each sample's parameters (launch_f32_sample: greedy, temperature, top-k, top-p, seed); null:
+  // every sample greedy (argmax).
+  const SampleParams* params = nullptr;
+  int32_t* tokens = nullptr;  // out: the sampled tokens
+};
+
+// Launches epilogue stage `s` (final_norm, logits or sampled) over `rows` only: final_norm
+// gathers their resid_ffn rows first (the arena's sampled_rows scratch), logits and sampled then
+// hold `rows.count` rows, and sampled writes rows.tokens.
+void launch_sampled_stage(DeviceRuntime& rt, Stage s, const SampledRows& rows);
 
 }  // namespace parity::device

@@ -6,6 +6,7 @@
 #include <array>
 #include <map>
 
+#include "device/fusion.h"
 #include "device/kernels.h"
 #include "device/runtime/runtime.h"
 #include "device/stage_launch.h"
@@ -139,37 +140,13 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
   const hipStream_t st = rt_.stream();
   HIP_CHECK(hipMemcpyAsync(dev_.as<char>(), pinned_.as<char>(), at.tokens, hipMemcpyHostToDevice,
                            st));
-  const device::ActivationArena& arena = rt_.arena();
-  const device::DeviceWeights& w = rt_.weights();
-  const int H = c_.hidden_size, V = c_.vocab_size;
-  float* gathered = arena.out(Stage::attn_norm);  // free once the layers have run
-  float* normed = arena.out(Stage::final_norm);
-  float* logits = arena.out(Stage::logits);
   int32_t* dev_tokens = dev_.as<int32_t>(at.tokens);
-  const bool split_ready = device::rmsnorm_writes_split(H);
-  timed("final_norm", [&] {
-    launch_f32_gather_rows(arena.out(Stage::resid_ffn), dev_.as<const int32_t>(at.rows), n, H,
-                           gathered, st);
-    // With rows of whole blocks of 32 the norm writes lm_head's split inputs too.
-    if (split_ready)
-      launch_f32_rmsnorm_split(gathered, w.final_norm().type, w.final_norm().data, n, H,
-                               float(c_.rms_norm_eps), normed, arena.split_inputs(), st);
-    else
-      launch_f32_rmsnorm(gathered, w.final_norm().type, w.final_norm().data, n, H,
-                         float(c_.rms_norm_eps), normed, st);
-  });
-  timed("logits", [&] {
-    const device::GemvSegment seg{w.lm_head(), nullptr, 0};
-    launch_f32_gemv_bias(std::span<const device::GemvSegment>(&seg, 1), normed, H, n, logits, V,
-                         {}, {arena.split_inputs(), split_ready}, st);
-  });
-  timed("sampled", [&] {
-    if (sampling.greedy())
-      launch_f32_argmax(logits, n, V, dev_tokens, st);
-    else
-      launch_f32_sample(logits, V, n, V, dev_.as<const device::SampleParams>(at.params),
-                        dev_tokens, st);
-  });
+  const device::SampledRows sampled{dev_.as<const int32_t>(at.rows), n,
+                                    sampling.greedy() ? nullptr
+                                                      : dev_.as<const device::SampleParams>(at.params),
+                                    dev_tokens};
+  for (Stage s : {Stage::final_norm, Stage::logits, Stage::sampled})
+    timed(std::string(parity::name(s)), [&] { launch_sampled_stage(rt_, s, sampled); });
   HIP_CHECK(hipMemcpyAsync(tokens, dev_tokens, size_t(n) * sizeof(int32_t), hipMemcpyDeviceToHost,
                            st));
   HIP_CHECK(hipStreamSynchronize(st));  // the step's one wait: its tokens

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "device/fusion.h"
 #include "device/kernel_types.h"
 #include "device/runtime/arena_layout.h"
 #include "device/runtime/kv_blocks.h"
@@ -390,6 +391,52 @@ TEST(StepLayout, RowsAreThirtyTwoBytesForTheKernels) {
 
 // ------------------------------------------------------------------------------ arena ---
 
+// The fusion table (device/fusion.h): the stages the engine leaves out of its launch sequence,
+// and what makes a covered part stale, checked against the stage graph.
+TEST(Fusion, TheEngineLaunchesNothingForTheStagesAnEarlierKernelWritesWhole) {
+  std::set<Stage> whole;
+  for (const auto& s : kStages)
+    if (fused_into_producer(s.stage)) whole.insert(s.stage);
+  EXPECT_EQ(whole, (std::set<Stage>{Stage::k_rope, Stage::v, Stage::resid_attn, Stage::topk_idx,
+                                    Stage::topk_w, Stage::swiglu, Stage::resid_ffn}));
+  // Covered at decode only, or only in part: they launch their own kernels otherwise.
+  for (Stage s : {Stage::scores, Stage::att, Stage::attn_out}) {
+    ASSERT_NE(fusion_of(s), nullptr) << name(s);
+    EXPECT_FALSE(fused_into_producer(s)) << name(s);
+  }
+  EXPECT_EQ(fusion_of(Stage::qkv), nullptr);
+  EXPECT_EQ(fusion_of(Stage::mlp2), nullptr);
+}
+
+TEST(Fusion, ProducersRunEarlierInTheLayerAndStalenessFollowsTheGraphsInputs) {
+  const auto order = [](Stage s) { return int(s); };  // the stage list is execution order
+  for (const Fusion& f : fusions()) {
+    SCOPED_TRACE(name(f.covered));
+    EXPECT_NE(info(f.covered).scope, Scope::Model);
+    EXPECT_NE(info(f.producer).scope, Scope::Model);
+    EXPECT_LT(order(f.producer), order(f.covered));
+    EXPECT_EQ(fusion_of(f.covered), &f);  // one entry per covered stage
+    // What makes the covered part stale is what it is computed from: an input of the covered
+    // stage, or an input of another stage the same kernel covers (attn_out from att from
+    // scores).
+    std::set<Stage> from;
+    for (const Fusion& g : fusions())
+      if (g.producer == f.producer && order(g.covered) <= order(f.covered))
+        for (const StageInput& in : info(g.covered).inputs)
+          if (in.kind == InputKind::stage || in.kind == InputKind::append) from.insert(in.stage);
+    for (Stage w : f.recompute_when) EXPECT_TRUE(from.count(w)) << name(w);
+  }
+  const auto overwritten = [](std::set<Stage> written) {
+    return [written](Stage s) { return written.count(s) > 0; };
+  };
+  EXPECT_TRUE(covered_part_stale(Stage::scores, overwritten({Stage::v})));
+  EXPECT_FALSE(covered_part_stale(Stage::scores, overwritten({Stage::q_rope})));
+  EXPECT_TRUE(covered_part_stale(Stage::attn_out, overwritten({Stage::scores})));
+  EXPECT_TRUE(covered_part_stale(Stage::resid_ffn, overwritten({Stage::moe_out})));
+  EXPECT_FALSE(covered_part_stale(Stage::k_rope, overwritten({Stage::qkv, Stage::q_rope})));
+  EXPECT_FALSE(covered_part_stale(Stage::mlp2, overwritten({Stage::swiglu})));
+}
+
 TEST(ArenaLayout, StagesAreAlignedAndApart) {
   const Config c = tiny_config();
   const ArenaLayout a = ArenaLayout::of(c, 7, 512);
@@ -401,12 +448,14 @@ TEST(ArenaLayout, StagesAreAlignedAndApart) {
     EXPECT_GE(off, end) << name(s.stage);
     end = off + 7 * stage_row_floats(c, s.stage) * sizeof(float);
   }
-  // The scratches after the stages, apart: routing, router tickets (one per row), the split of
-  // the row-sized inputs, then mlp2's (rows x k x intermediate), then the attention workspace.
+  // The scratches after the stages, apart: routing, router tickets (one per row), the sampled
+  // rows gathered (rows x hidden), the split of the row-sized inputs, then mlp2's (rows x k x
+  // intermediate), then the attention workspace.
   EXPECT_GE(a.moe_routing_offset, end);
   EXPECT_GE(a.router_tickets_offset, a.moe_routing_offset + a.moe_routing_ints * 4);
   EXPECT_EQ(a.router_tickets, 7u);
-  EXPECT_GE(a.split_offset, a.router_tickets_offset + a.router_tickets * 4);
+  EXPECT_GE(a.sampled_rows_offset, a.router_tickets_offset + a.router_tickets * 4);
+  EXPECT_GE(a.split_offset, a.sampled_rows_offset + size_t(7) * size_t(c.hidden_size) * 4);
   EXPECT_EQ(a.split_words, size_t(7) *
                                std::max(size_t(c.hidden_size),
                                         size_t(c.num_attention_heads) * size_t(c.head_dim)) *
@@ -415,8 +464,8 @@ TEST(ArenaLayout, StagesAreAlignedAndApart) {
   EXPECT_EQ(a.expert_split_words,
             size_t(7) * size_t(c.num_experts_per_tok) * size_t(c.intermediate_size) * 3 / 2);
   EXPECT_GE(a.workspace_offset, a.expert_split_offset + a.expert_split_words * 4);
-  for (size_t off : {a.moe_routing_offset, a.router_tickets_offset, a.split_offset,
-                     a.expert_split_offset, a.workspace_offset})
+  for (size_t off : {a.moe_routing_offset, a.router_tickets_offset, a.sampled_rows_offset,
+                     a.split_offset, a.expert_split_offset, a.workspace_offset})
     EXPECT_EQ(off % 256, 0u);
   AttentionShape shape;
   shape.n_heads = c.num_attention_heads;

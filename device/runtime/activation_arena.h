@@ -52,6 +52,8 @@ class ActivationArena {
   std::span<int32_t> router_tickets() const {
     return {act_.as<int32_t>(layout_.router_tickets_offset), layout_.router_tickets};
   }
+  // The epilogue's input over a subset of the rows: the sampled rows of resid_ffn, gathered.
+  float* sampled_rows() const { return act_.as<float>(layout_.sampled_rows_offset); }
   float* scores() const { return scores_.as<float>(); }
   float* att() const { return scores_.as<float>() + scores_capacity_; }
 

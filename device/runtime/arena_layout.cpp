@@ -35,6 +35,8 @@ ArenaLayout ArenaLayout::of(const Config& c, int rows, int max_context) {
   a.router_tickets_offset = bytes;
   a.router_tickets = size_t(rows);
   bytes += (a.router_tickets * sizeof(int32_t) + 255) / 256 * 256;
+  a.sampled_rows_offset = bytes;
+  bytes += (size_t(rows) * size_t(c.hidden_size) * sizeof(float) + 255) / 256 * 256;
   // The MMA kernels' inputs split into BF16 parts (split_bf16x3_words: 3/2 words per float):
   // qkv, mlp1 and lm_head read rows x hidden floats, o_proj rows x heads x head_dim; mlp2, in its
   // own scratch, rows x k x intermediate.

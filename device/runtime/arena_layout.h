@@ -29,6 +29,9 @@ struct ArenaLayout {
   // zero when allocated; the kernel leaves them zero.
   size_t router_tickets_offset = 0;
   size_t router_tickets = 0;
+  // float scratch of the epilogue over a subset of the rows (launch_sampled_stage): the sampled
+  // rows of resid_ffn, gathered (rows x hidden).
+  size_t sampled_rows_offset = 0;
   // uint32 scratch of the MMA kernels: a projection's inputs split into BF16 parts
   // (split_bf16x3_words in device/kernels.h), for the largest row-sized input of a step (qkv,
   // o_proj, mlp1, lm_head), and apart from it for mlp2's (rows x k x intermediate), which mlp1's
