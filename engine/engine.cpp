@@ -4,14 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "device/runtime/kv_blocks.h"
 #include "engine/graph_runner.h"
 #include "engine/harmony.h"
 #include "model/error.h"
+#include "model/untrusted.h"
 
 namespace parity {
 
@@ -213,29 +212,37 @@ std::vector<EngineResult> Engine::run(const std::vector<EngineRequest>& requests
   return queue.take_results();
 }
 
-std::vector<TokenId> model_stop_tokens(const std::string& model_dir, const Tokenizer& tokenizer) {
-  const std::filesystem::path path = std::filesystem::path(model_dir) / "generation_config.json";
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return harmony_stop_tokens(tokenizer);
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) fail("cannot read {}", path.string());
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) fail("{}: not a JSON object", path.string());
-  if (!j.contains("eos_token_id")) return harmony_stop_tokens(tokenizer);
-  const nlohmann::json& eos = j["eos_token_id"];
+std::vector<TokenId> generation_config_stop_tokens(std::string_view text,
+                                                   const std::string& source) {
+  const nlohmann::json j = parse_json(text, source);
+  if (!j.is_object()) fail("{}: not a JSON object", source);
+  const auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return {};
   std::vector<TokenId> ids;
   const auto add = [&](const nlohmann::json& v) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxTokenId)
-      fail("{}: eos_token_id holds {}, not a token id", path.string(), v.dump());
+    const bool id =
+        v.is_number_integer() &&
+        (v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kMaxTokenId)
+                                : v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxTokenId);
+    if (!id) fail("{}: eos_token_id holds {}, not a token id", source, json_excerpt(v));
     ids.push_back(v.get<TokenId>());
   };
-  if (eos.is_array()) {
-    for (const auto& v : eos) add(v);
+  if (it->is_array()) {
+    for (const auto& v : *it) add(v);
   } else {
-    add(eos);
+    add(*it);
   }
+  return ids;
+}
+
+std::vector<TokenId> model_stop_tokens(const std::string& model_dir, const Tokenizer& tokenizer) {
+  const std::string path = (std::filesystem::path(model_dir) / "generation_config.json").string();
+  // Absent means "none"; anything there (a directory, a FIFO, a dangling link) must be a file.
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+    return harmony_stop_tokens(tokenizer);
+  std::vector<TokenId> ids = generation_config_stop_tokens(
+      read_small_file(path, kMaxGenerationConfigBytes, "generation config"), path);
   if (ids.empty()) return harmony_stop_tokens(tokenizer);
   return ids;
 }

@@ -99,4 +99,13 @@ class Engine {
 // (engine/harmony.h). A malformed generation_config.json is an Error naming it.
 std::vector<TokenId> model_stop_tokens(const std::string& model_dir, const Tokenizer& tokenizer);
 
+// The stop tokens of a generation_config.json's text (`source` names it in errors): its
+// eos_token_id, one id or a list of them; empty when it has none. Bad JSON, a value that is not
+// a token id, trailing bytes: one Error naming `source`.
+std::vector<TokenId> generation_config_stop_tokens(std::string_view text,
+                                                   const std::string& source);
+
+// generation_config.json is a few hundred bytes; a larger one is not one.
+inline constexpr uint64_t kMaxGenerationConfigBytes = uint64_t(1) << 20;
+
 }  // namespace parity

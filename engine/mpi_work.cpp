@@ -27,7 +27,7 @@ class Writer {
   template <typename T>
   Writer& put_vector(const std::vector<T>& v) {
     put(uint64_t(v.size()));
-    buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+    if (!v.empty()) buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
     return *this;
   }
   Writer& put_string(const std::string& s) {
@@ -57,7 +57,8 @@ class Reader {
     const uint64_t n = get<uint64_t>();
     PARITY_CHECK(n <= (b_.size() - at_) / sizeof(T), "MPI message: a vector of {} past its end", n);
     std::vector<T> v(n);
-    std::memcpy(v.data(), b_.data() + at_, n * sizeof(T));
+    // An empty vector's data() may be null, and memcpy's pointers must not be, even for 0 bytes.
+    if (n > 0) std::memcpy(v.data(), b_.data() + at_, n * sizeof(T));
     at_ += n * sizeof(T);
     return v;
   }
@@ -205,6 +206,13 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 
 MpiSession::~MpiSession() {
   MPI_Finalize();
+}
+
+int MpiSession::first_failing_rank(bool failed) const {
+  const int mine = failed ? rank_ : size_;
+  int first = size_;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return first < size_ ? first : -1;
 }
 
 void MpiSession::abort(int code) const {

@@ -30,6 +30,10 @@ class MpiSession {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }  // among the ranks of this host
   int local_size() const { return local_size_; }
+  // Collective: every rank says whether it failed; all get the lowest rank that did, or -1. Lets
+  // an error found before the work starts be printed once and every rank end through
+  // MPI_Finalize with the same exit code, rather than through abort().
+  int first_failing_rank(bool failed) const;
   // Ends every rank at once with `code` (an error one rank found that the others cannot know).
   [[noreturn]] void abort(int code) const;
 

@@ -3,13 +3,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
+#include <cctype>
+#include <charconv>
 
 #include "engine/utf8.h"
 #include "model/error.h"
+#include "model/untrusted.h"
 
 namespace parity {
 
@@ -61,12 +60,36 @@ std::vector<RequestLine> parse_requests(std::string_view text) {
 }
 
 std::vector<RequestLine> read_request_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read the request file {}: {}", path, std::strerror(errno));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) fail("cannot read the request file {}: read error", path);
-  return parse_requests(s.str());
+  return parse_requests(read_small_file(path, kMaxRequestFileBytes, "request file"));
+}
+
+std::string decode_token_id_file(std::string_view text, const std::string& source,
+                                 const Tokenizer& tokenizer) {
+  const auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  std::vector<TokenId> ids;
+  int line = 1;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (is_space(text[i])) {
+      line += text[i++] == '\n' ? 1 : 0;
+      continue;
+    }
+    size_t end = i;
+    while (end < text.size() && !is_space(text[end])) ++end;
+    const std::string_view word = text.substr(i, end - i);
+    // Unsigned: std::from_chars takes no sign for it, so "-0" and "+1" are refused.
+    uint64_t id = 0;
+    const auto [ptr, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+    if (ptr != word.data() + word.size() ||
+        (ec != std::errc() && ec != std::errc::result_out_of_range))
+      fail("{}: line {}: {} is not a token id (a decimal number)", source, line, quoted(word, 40));
+    if (ec != std::errc() || id >= uint64_t(tokenizer.id_end()) || !tokenizer.contains(TokenId(id)))
+      fail("{}: line {}: token id {} is not in the vocabulary of {} (ids 0..{})", source, line,
+           quoted(word, 24), tokenizer.source(), tokenizer.id_end() - 1);
+    ids.push_back(TokenId(id));
+    i = end;
+  }
+  return tokenizer.decode(ids);
 }
 
 std::string escape_text(std::string_view text) {

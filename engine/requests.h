@@ -27,8 +27,16 @@ struct RequestLine {
 // The lines of `text` (the whole file), each unescaped and checked (UTF-8, escapes, empty).
 std::vector<RequestLine> parse_requests(std::string_view text);
 
-// Reads and parses a request file; an unreadable file is one parity::Error naming it.
+// Reads and parses a request file: a regular file (a FIFO would block, a directory would read
+// as empty) of at most kMaxRequestFileBytes; anything else is one parity::Error naming it.
+inline constexpr uint64_t kMaxRequestFileBytes = uint64_t(1) << 30;
 std::vector<RequestLine> read_request_file(const std::string& path);
+
+// A token id file (run -m detokenize), decoded by `tokenizer`: decimal ids (no sign) separated
+// by white space. A word that is not one, or an id the tokenizer lacks, is one parity::Error
+// naming `source` and the line.
+std::string decode_token_id_file(std::string_view text, const std::string& source,
+                                 const Tokenizer& tokenizer);
 
 // `\n` -> newline and `\\` -> backslash; false with `error` set on any other escape or a lone
 // trailing backslash.

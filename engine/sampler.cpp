@@ -11,6 +11,7 @@ namespace parity {
 
 void SamplingParams::validate() const {
   if (!std::isfinite(temperature)) fail("temperature {}: not a finite number", temperature);
+  if (temperature < 0) fail("temperature {}: cannot be negative (0 is greedy)", temperature);
   if (top_k < 0) fail("top-k {}: cannot be negative (0 turns it off)", top_k);
   if (!(top_p > 0 && top_p <= 1)) fail("top-p {}: must be in (0, 1] (1 turns it off)", top_p);
 }

@@ -41,14 +41,14 @@
 namespace parity {
 
 struct SamplingParams {
-  double temperature = 0;  // <= 0: greedy
+  double temperature = 0;  // 0: greedy; never negative
   int top_k = 0;           // 0: no top-k cut
   double top_p = 1;        // 1: no nucleus cut; (0, 1]
   uint64_t seed = 0;
 
   bool greedy() const { return temperature <= 0 || top_k == 1; }
   // Throws parity::Error naming a bad value (a negative top_k, top_p outside (0, 1], a
-  // temperature that is not finite).
+  // temperature that is negative or not finite).
   void validate() const;
 };
 

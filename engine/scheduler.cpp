@@ -6,9 +6,19 @@
 
 namespace parity {
 
+void SchedulerLimits::validate() const {
+  if (max_batch < 1) fail("--max-batch: {} is not a positive count of sequences", max_batch);
+  if (max_batch > kMaxBatch)
+    fail("--max-batch: {} sequences at once, more than the {} a run can hold", max_batch,
+         kMaxBatch);
+  if (step_tokens < 1) fail("--step-tokens: {} is not a positive count of rows", step_tokens);
+  if (step_tokens > kMaxStepTokens)
+    fail("--step-tokens: {} rows per step, more than the {} a step can hold", step_tokens,
+         kMaxStepTokens);
+}
+
 Scheduler::Scheduler(const SchedulerLimits& limits) : limits_(limits) {
-  if (limits_.max_batch < 1) fail("--max-batch {}: at least one sequence", limits_.max_batch);
-  if (limits_.step_tokens < 1) fail("--step-tokens {}: at least one row", limits_.step_tokens);
+  limits_.validate();
   limits_.step_tokens = std::max(limits_.step_tokens, limits_.max_batch);
   slots_.resize(size_t(limits_.max_batch));
   for (int s = limits_.max_batch - 1; s >= 0; --s) free_slots_.push_back(s);

@@ -22,6 +22,16 @@ namespace parity {
 struct SchedulerLimits {
   int max_batch = 16;     // running sequences at most
   int step_tokens = 256;  // rows per step at most (raised to max_batch: every decode row fits)
+
+  // Each running sequence holds a slot (the scheduler's, the engine's, a row of the device's step
+  // arena and at least one KV-cache block) from the start, so the bound is checked before any is
+  // allocated: 2^31 - 1 slots would ask for over 100 GB at once. 65,536 sequences is far beyond
+  // what any cache holds; a step of 2^24 rows is a whole context of the largest model (a
+  // ConfigLimits::kMaxContext).
+  static constexpr int kMaxBatch = 1 << 16;
+  static constexpr int kMaxStepTokens = 1 << 24;
+  // Throws parity::Error naming the option (--max-batch, --step-tokens) and the bound.
+  void validate() const;
 };
 
 struct ScheduledSequence {

@@ -323,9 +323,13 @@ void Tokenizer::Impl::index_vocab() {
 }
 
 void Tokenizer::Impl::load_merges(const json& model) {
-  const json* list = member(model, "merges");
-  if (list == nullptr) return;  // a vocab of single bytes, or pieces found whole
-  if (!list->is_array()) fail("{}: model.merges must be an array", source);
+  // Required, as in Hugging Face's files: without it the vocabulary's longer tokens would never
+  // be made (a vocabulary of bytes alone has an empty list).
+  const auto it = model.find("merges");
+  if (it == model.end() || !it->is_array())
+    fail("{}: model.merges must be an array of merges{}", source,
+         it == model.end() ? " (it is missing)" : ", not " + json_excerpt(*it));
+  const json* list = &*it;
   merges.reserve(list->size());
   for (size_t i = 0; i < list->size(); ++i) {
     const json& m = (*list)[i];
@@ -631,7 +635,8 @@ std::string find_tokenizer_json(const std::string& path) {
          errno == ENOENT ? "no such file or directory" : std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) return path;  // a file: Tokenizer::load checks what it is
   const std::string file = path + "/tokenizer.json";
-  if (::stat(file.c_str(), &st) != 0)
+  // lstat: a dangling link is there, and Tokenizer::load names it as one.
+  if (::lstat(file.c_str(), &st) != 0)
     fail(
         "{}: no tokenizer.json in this directory (a Hugging Face model directory has it beside "
         "config.json; for a synthetic model: scripts/tokenizer_oracle.sh, then parity-synth "

@@ -58,6 +58,20 @@ T get_or(const json& j, const char* key, T fallback, const std::string& src) {
   return convert<T>(j.at(key), key, src);
 }
 
+// A required integer that configs spell two ways (transformers' name and gpt-oss's own): either
+// name, or both when they agree; two different values is an error, not a silent pick.
+int get_aliased_int(const json& j, const char* key, const char* alias, const std::string& src) {
+  if (!j.contains(key)) return get_required<int>(j, alias, src);
+  const int value = get_required<int>(j, key, src);
+  if (j.contains(alias)) {
+    const int other = get_required<int>(j, alias, src);
+    if (other != value)
+      fail("{}: \"{}\" is {} but \"{}\" (the same field by another name) is {}", src, key, value,
+           alias, other);
+  }
+  return value;
+}
+
 // eos/pad: an id, a list of ids (the first counts) or null. Nothing downstream needs them, so a
 // value of another type, or a negative id, reads as "none" (-1), as before; an integer must
 // still fit an int rather than wrap.
@@ -103,14 +117,8 @@ Config Config::from_json(const json& j, const std::string& src) {
   c.head_dim = get_or<int>(
       j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, src);
   c.intermediate_size = get_required<int>(j, "intermediate_size", src);
-  if (j.contains("num_local_experts"))
-    c.num_local_experts = get_required<int>(j, "num_local_experts", src);
-  else
-    c.num_local_experts = get_required<int>(j, "num_experts", src);
-  if (j.contains("num_experts_per_tok"))
-    c.num_experts_per_tok = get_required<int>(j, "num_experts_per_tok", src);
-  else
-    c.num_experts_per_tok = get_required<int>(j, "experts_per_token", src);
+  c.num_local_experts = get_aliased_int(j, "num_local_experts", "num_experts", src);
+  c.num_experts_per_tok = get_aliased_int(j, "num_experts_per_tok", "experts_per_token", src);
   c.sliding_window = get_required<int>(j, "sliding_window", src);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-5, src);
   c.swiglu_limit = get_or<double>(j, "swiglu_limit", 7.0, src);

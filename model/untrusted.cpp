@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -56,10 +57,17 @@ std::string one_line(std::string_view m, size_t cap) {
 uint64_t require_regular_file(const std::string& path, uint64_t max_bytes, std::string_view what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) fail("{}: no such file (the {})", path, what);
+    const int error = errno;
+    struct stat link {};
+    if (error == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+      fail("{}: a symbolic link to a file that does not exist (the {})", path, what);
+    if (error == ENOENT) fail("{}: no such file (the {})", path, what);
+    errno = error;
     fail("{}: cannot access the {} ({})", path, what, std::strerror(errno));
   }
-  if (S_ISDIR(st.st_mode)) fail("{}: is a directory, not the {} file", path, what);
+  const bool named_file = what.size() >= 4 && what.substr(what.size() - 4) == "file";
+  if (S_ISDIR(st.st_mode))
+    fail("{}: is a directory, not the {}{}", path, what, named_file ? "" : " file");
   if (!S_ISREG(st.st_mode))
     fail("{}: is not a regular file (a FIFO, socket or device), so it cannot be the {}", path,
          what);
@@ -87,20 +95,46 @@ std::string json_excerpt(const nlohmann::json& v) {
   return quoted(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 60);
 }
 
+namespace {
+// The deepest nesting of arrays and objects in `text`, stopping as soon as it passes max_depth;
+// brackets inside strings do not count. Linear, and no recursion: what it refuses never reaches
+// the parser.
+bool nesting_within(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+}  // namespace
+
 nlohmann::json parse_json(std::string_view text, const std::string& source, int max_depth) {
-  // The callback sees every nesting level as it opens; refusing there keeps the parser's own
-  // recursion (and the later destruction) shallow.
-  const nlohmann::json::parser_callback_t limit = [&](int d, nlohmann::json::parse_event_t e,
-                                                      nlohmann::json&) {
-    if ((e == nlohmann::json::parse_event_t::object_start ||
-         e == nlohmann::json::parse_event_t::array_start) &&
-        d + 1 > max_depth)
-      throw std::length_error("depth");
-    return true;
-  };
+  // nlohmann's lexer takes a NUL byte for the end of the input, so "{}\0garbage" would pass as
+  // "{}"; JSON text holds no NUL anywhere (not even inside a string), so one is refused here.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    fail("{}: not valid JSON (byte {}: a NUL byte{})", source, nul + 1,
+         nul + 1 == text.size() ? " at the end" : ", with more bytes after it");
+  // The depth is checked by a scan of its own before parsing, not by a parser callback: with a
+  // callback, nlohmann's DOM parser looks through the enclosing container for discarded values
+  // at the end of every object, which made an array of n objects O(n^2) (100,000 added tokens
+  // of a tokenizer.json took 10 s).
+  if (!nesting_within(text, max_depth))
+    fail("{}: JSON nested deeper than {} levels", source, max_depth);
   try {
-    return nlohmann::json::parse(text.begin(), text.end(), limit);
-  } catch (const std::length_error&) {
+    return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     fail("{}: not valid JSON (byte {}: {})", source, e.byte, quoted(e.what(), 120));
   } catch (const nlohmann::json::out_of_range& e) {
@@ -108,7 +142,29 @@ nlohmann::json parse_json(std::string_view text, const std::string& source, int 
   } catch (const nlohmann::json::exception& e) {
     fail("{}: cannot read the JSON ({})", source, quoted(e.what(), 120));
   }
-  fail("{}: JSON nested deeper than {} levels", source, max_depth);
+}
+
+uint64_t parse_byte_size(std::string_view text, std::string_view what) {
+  // std::from_chars, not strtoull: no leading space, no sign (strtoull reads " -5" as 2^64 - 5).
+  static constexpr std::string_view kSuffixes = "KMGkmg";
+  std::string_view digits = text;
+  uint64_t scale = 1;
+  if (!digits.empty()) {
+    if (const size_t s = kSuffixes.find(digits.back()); s != std::string_view::npos) {
+      scale = uint64_t(1) << (10 * (s % 3 + 1));
+      digits.remove_suffix(1);
+    }
+  }
+  uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  uint64_t bytes = 0;
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || value == 0 ||
+      __builtin_mul_overflow(value, scale, &bytes))
+    fail(
+        "{} {}: not a positive number of bytes (digits with an optional K, M or G suffix, below "
+        "2^64 bytes)",
+        what, quoted(text, 40));
+  return bytes;
 }
 
 int64_t checked_mul(int64_t a, int64_t b, std::string_view what) {

@@ -37,11 +37,16 @@ std::string read_small_file(const std::string& path, uint64_t max_bytes, std::st
 std::string json_excerpt(const nlohmann::json& value);
 
 // JSON from untrusted text: nesting deeper than max_depth, a number out of double's range
-// (1e400), or invalid syntax is one Error naming `source` and the byte offset; nothing is echoed
-// whole.
+// (1e400), invalid syntax or bytes after the value (a NUL among them) is one Error naming
+// `source` and the byte offset; nothing is echoed whole. Linear in the text's size.
 inline constexpr int kMaxJsonDepth = 64;
 nlohmann::json parse_json(std::string_view text, const std::string& source,
                           int max_depth = kMaxJsonDepth);
+
+// A size in bytes as a user writes it: decimal digits with an optional K, M or G (powers of 1024)
+// suffix, positive and below 2^64; anything else (a sign, a space, "1.5G") is one Error naming
+// `what` (an option or variable) and the value.
+uint64_t parse_byte_size(std::string_view text, std::string_view what);
 
 // a * b and a + b for sizes, or an Error naming `what` when the result does not fit in int64.
 int64_t checked_mul(int64_t a, int64_t b, std::string_view what);

@@ -368,6 +368,17 @@ TEST(ConfigErrors, MissingRequiredField) {
   expect_refused(with(hub_20b(), [](json& j) { j["hidden_size"] = nullptr; }), {"hidden_size"});
 }
 
+TEST(ConfigErrors, TwoNamesOfOneFieldThatDisagree) {
+  // The hub file has num_experts_per_tok and experts_per_token, both 4: agreeing names pass.
+  EXPECT_EQ(Config::from_json(hub_20b(), "hub").num_experts_per_tok, 4);
+  expect_refused(with(hub_20b(), [](json& j) { j["num_experts_per_tok"] = 2; }),
+                 {"\"num_experts_per_tok\" is 2 but \"experts_per_token\"", "is 4"});
+  expect_refused(with(hub_20b(), [](json& j) { j["num_experts"] = 16; }),
+                 {"\"num_local_experts\" is 32 but \"num_experts\"", "is 16"});
+  expect_refused(with(hub_20b(), [](json& j) { j["experts_per_token"] = "4"; }),
+                 {"experts_per_token", "wrong type"});
+}
+
 TEST(ConfigErrors, WrongType) {
   const std::pair<const char*, json> cases[] = {
       {"hidden_size", "2880"},

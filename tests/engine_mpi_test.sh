@@ -7,6 +7,14 @@ set -euo pipefail
 # name or suppress. Leak detection is off for this test's processes only; every other ASan and
 # UBSan check stays on.
 if [ -n "${ASAN_OPTIONS:-}" ]; then export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"; fi
+# Under UBSan every rank stops at its first report (halt_on_error), and the ranks get the
+# sanitizers' settings from mpirun explicitly (-x) rather than by whatever the launcher passes on.
+forward=()
+if [ -n "${UBSAN_OPTIONS:-}" ]; then
+  export UBSAN_OPTIONS="$UBSAN_OPTIONS:halt_on_error=1"
+  forward+=(-x UBSAN_OPTIONS)
+fi
+if [ -n "${ASAN_OPTIONS:-}" ]; then forward+=(-x ASAN_OPTIONS); fi
 run="$1"
 mpirun="$2"
 dir="$(mktemp -d)"
@@ -26,8 +34,8 @@ set +e
 one=$?
 root=()
 [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
-"$mpirun" "${root[@]}" --oversubscribe -np 2 "$run" "${common[@]}" --no-progress -o "$dir/two.txt" \
-  >"$dir/two.out" 2>"$dir/two.err"
+mpi=("$mpirun" "${root[@]}" "${forward[@]}" --oversubscribe -np 2 "$run")
+"${mpi[@]}" "${common[@]}" --no-progress -o "$dir/two.txt" >"$dir/two.out" 2>"$dir/two.err"
 two=$?
 set -e
 echo "one process: exit $one; mpirun -np 2: exit $two"
@@ -38,3 +46,37 @@ cmp "$dir/one.txt" "$dir/two.txt" || { diff "$dir/one.txt" "$dir/two.txt" | head
 # Both ranks ran requests.
 grep -q 'rank 1: [1-9]' "$dir/two.err" || { echo "rank 1 ran no request"; cat "$dir/two.err"; exit 1; }
 echo "PASS: 2 ranks wrote the output of 1 ($(wc -l <"$dir/one.txt") lines)"
+
+# Every request refused by the engine (longer than --context): results with no tokens and ranks
+# with no time to first token cross between the ranks as empty vectors (a null memcpy before).
+for i in $(seq 1 12); do echo "request $i, with more words than the context holds"; done >"$dir/long.txt"
+tiny=(tiny --models-dir "$dir/models" -m getp --backend cpu-f32 -i "$dir/long.txt" -n 4 --context 2
+      --no-progress)
+set +e
+"$run" "${tiny[@]}" -o "$dir/one-refused.txt" 2>"$dir/one-refused.err"
+one=$?
+"${mpi[@]}" "${tiny[@]}" -o "$dir/two-refused.txt" >"$dir/two-refused.out" 2>"$dir/two-refused.err"
+two=$?
+set -e
+[ "$one" -eq 1 ] && [ "$two" -eq 1 ] ||
+  { echo "refused requests: expected exit 1 and 1, got $one and $two"; cat "$dir/two-refused.err"; exit 1; }
+cmp "$dir/one-refused.txt" "$dir/two-refused.txt" ||
+  { diff "$dir/one-refused.txt" "$dir/two-refused.txt" | head; exit 1; }
+echo "PASS: every request refused, on 2 ranks as on 1"
+
+# An error before the work starts (here a directory as the request file, which read as an empty
+# file before): one line from one rank, exit 2 through MPI_Finalize (no MPI_ABORT banner), no
+# output.
+set +e
+"${mpi[@]}" tiny --models-dir "$dir/models" -m getp --backend cpu-f32 -i "$dir" -o "$dir/bad.txt" \
+  >"$dir/bad.out" 2>"$dir/bad.err"
+bad=$?
+set -e
+errors=$(grep -c '^run: error: ' "$dir/bad.err" || true)
+if [ "$bad" -ne 2 ] || [ "$errors" -ne 1 ] || ! grep -q "^run: error: $dir: is a directory" "$dir/bad.err" ||
+  grep -q 'MPI_ABORT' "$dir/bad.err" "$dir/bad.out" || [ -e "$dir/bad.txt" ]; then
+  echo "a directory as the request file under mpirun: exit $bad, $errors error lines:"
+  cat "$dir/bad.err" "$dir/bad.out"
+  exit 1
+fi
+echo "PASS: an error before the work is one line and exit 2 on 2 ranks"

@@ -1,12 +1,16 @@
 // The `run` tool: getp and generate on the tiny model, request errors, tokenize/detokenize.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "engine/engine.h"
 #include "engine/tiny_tokenizer.h"
 #include "model/checkpoint.h"
+#include "model/error.h"
 #include "model/forward.h"
 #include "reference/cpu_backend.h"
 #include "tests/test_util.h"
@@ -168,9 +172,121 @@ TEST(EngineRun, UnreadableRequestFileIsExitTwo) {
   const auto r = test::run_tool(
       "run", test::tiny_model_dir() + " -m getp -i " + dir + "/missing.txt -o " + dir + "/out.txt");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("run: error: cannot read the request file"), std::string::npos)
+  EXPECT_NE(r.output.find("run: error: " + dir + "/missing.txt: no such file (the request file)"),
+            std::string::npos)
       << r.output;
   EXPECT_FALSE(std::ifstream(dir + "/out.txt").good());
+}
+
+TEST(EngineRun, InputsThatAreNotRegularFilesAreExitTwo) {
+  const std::string dir = test::temp_dir("engine-run-inputs");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string model = test::tiny_model_dir();
+  // A directory read as an empty request file (exit 0, an empty output); a FIFO blocked forever.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"-m getp --backend cpu-f32 -i " + dir, dir + ": is a directory"},
+      {"-m getp --backend cpu-f32 -i " + fifo, fifo + ": is not a regular file"},
+      {"-m tokenize -i " + fifo, fifo + ": is not a regular file"},
+      {"-m detokenize -i " + dir, dir + ": is a directory"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    const auto r = test::run_tool("run", model + " " + flags + " -o " + dir + "/out.txt");
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
+    EXPECT_NE(r.output.find("run: error: " + expected), std::string::npos)
+        << flags << ": " << r.output;
+    EXPECT_FALSE(std::ifstream(dir + "/out.txt").good()) << flags;
+  }
+}
+
+TEST(EngineRun, ModeFilesNameThemselvesInErrors) {
+  const std::string dir = test::temp_dir("engine-run-modes");
+  const std::string model = test::tiny_model_dir();
+  write(dir + "/text.txt", "fine line\nbad \xff byte\n");
+  auto r = test::run_tool("run", model + " -m tokenize -i " + dir + "/text.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("run: error: " + dir + "/text.txt: invalid UTF-8 at byte 15 (line 2)"),
+            std::string::npos)
+      << r.output;
+  write(dir + "/ids.txt", "72 105\n9999999\n");
+  r = test::run_tool("run", model + " -m detokenize -i " + dir + "/ids.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("run: error: " + dir +
+                          "/ids.txt: line 2: token id \"9999999\" is not in "
+                          "the vocabulary of "),
+            std::string::npos)
+      << r.output;
+  write(dir + "/ids.txt", "72 -0\n");
+  r = test::run_tool("run", model + " -m detokenize -i " + dir + "/ids.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("line 1: \"-0\" is not a token id"), std::string::npos) << r.output;
+  // A config.json given for the model: the directory is its parent.
+  r = test::run_tool("run", model + "/config.json -m getp -i " + dir + "/text.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(model + "/config.json: is a file; the model is the checkpoint directory "
+                                  "that holds it"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(EngineRun, ADanglingTokenizerLinkIsAnErrorNotTheTinyTokenizer) {
+  // A model of the tiny layout without tokenizer.json gets the tiny tokenizer; a tokenizer.json
+  // that is there but broken is an error naming it.
+  const std::string dir = test::temp_dir("engine-run-link");
+  std::filesystem::copy_file(test::tiny_model_dir() + "/config.json", dir + "/config.json");
+  write(dir + "/text.txt", "hello");
+  auto r = test::run_tool("run", dir + " -m tokenize -i " + dir + "/text.txt");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(::symlink((dir + "/gone.json").c_str(), (dir + "/tokenizer.json").c_str()), 0);
+  r = test::run_tool("run", dir + " -m tokenize -i " + dir + "/text.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("run: error: " + dir +
+                          "/tokenizer.json: a symbolic link to a file that does not exist"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(EngineRun, GenerationConfigIsReadStrictly) {
+  const auto error_of = [](const std::string& text) {
+    try {
+      generation_config_stop_tokens(text, "gen.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(generation_config_stop_tokens(R"({"eos_token_id": [200002, 199999]})", "g"),
+            (std::vector<TokenId>{200002, 199999}));
+  EXPECT_EQ(generation_config_stop_tokens(R"({"eos_token_id": 7})", "g"), std::vector<TokenId>{7});
+  EXPECT_TRUE(generation_config_stop_tokens(R"({"eos_token_id": null})", "g").empty());
+  EXPECT_TRUE(generation_config_stop_tokens(R"({"do_sample": true})", "g").empty());
+  // 10,000 levels deep: the JSON library's dump (for the message) overflowed the stack.
+  const std::string deep =
+      R"({"eos_token_id": )" + std::string(10000, '[') + std::string(10000, ']') + "}";
+  std::string e = error_of(deep);
+  EXPECT_NE(e.find("gen.json: JSON nested deeper than"), std::string::npos) << e;
+  e = error_of(R"({"eos_token_id": [[[1]]]})");
+  EXPECT_NE(e.find("gen.json: eos_token_id holds \"[[1]]\", not a token id"), std::string::npos)
+      << e;
+  e = error_of(R"({"eos_token_id": ")" + std::string(5000, 'x') + R"("})");
+  EXPECT_NE(e.find("not a token id"), std::string::npos) << e;
+  EXPECT_LT(e.size(), 200u) << e;
+  EXPECT_NE(error_of(std::string("{\"eos_token_id\": 5}\0garbage", 27)).find("NUL byte"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"eos_token_id": -1})").find("not a token id"), std::string::npos);
+  EXPECT_NE(error_of("[1]").find("gen.json: not a JSON object"), std::string::npos);
+
+  // Something there that is not a file is an error, not "no generation config".
+  const std::string dir = test::temp_dir("engine-genconfig");
+  const Tokenizer tok = Tokenizer::parse(tiny_tokenizer_json(1024), "tiny");
+  std::filesystem::create_directory(dir + "/generation_config.json");
+  e.clear();
+  try {
+    model_stop_tokens(dir, tok);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find(dir + "/generation_config.json: is a directory"), std::string::npos) << e;
 }
 
 TEST(EngineRun, GenerateStreamsText) {
@@ -208,7 +324,22 @@ TEST(EngineRun, BadEngineOptionsAreOneLineAndExitTwo) {
       {"--gpus 0", "--gpus \"0\": `all` or a positive number"},
       {"--gpus two", "--gpus \"two\": `all` or a positive number"},
       {"--kv-memory 100", "less than one KV-cache block"},
-      {"--kv-memory 12Q", "--kv-memory"},
+      {"--kv-memory 12Q", "--kv-memory \"12Q\": not a positive number of bytes"},
+      // Silently taken before: a sign after a space (read as 2^64 - 5), empty values meaning the
+      // default, a negative temperature (greedy), a seed past 2^64 (saturated).
+      {"--kv-memory ' -5'", "--kv-memory \" -5\": not a positive number of bytes"},
+      {"--kv-memory ''", "--kv-memory: an empty value"},
+      {"--gpus ''", "--gpus: an empty value"},
+      {"--backend ''", "--backend: an empty value"},
+      {"-t -1", "temperature -1: cannot be negative"},
+      {"-s 18446744073709551616", "--seed: \"18446744073709551616\" is out of range"},
+      {"-s -1", "--seed: \"-1\" is not a decimal integer"},
+      {"--max-batch 0", "--max-batch: 0 is not a positive count"},
+      {"--step-tokens 010x", "--step-tokens: \"010x\" is not a decimal integer"},
+      {"--context -1", "--context: -1 is negative"},
+      // Each slot is allocated up front: 2^31 - 1 of them asked for 120 GB.
+      {"--max-batch 2147483647", "--max-batch: 2147483647 sequences at once, more than the 65536"},
+      {"--step-tokens 2147483647", "--step-tokens: 2147483647 rows per step, more than the"},
       {"--kernel-times", "--kernel-times: the device backend's"},
       {"--no-graphs", "--no-graphs: the device backend's"},
   };
@@ -237,11 +368,15 @@ TEST(EngineRun, SeveralHostEnginesAndASmallKvMemoryWriteTheSameOutput) {
   const auto one = test::run_tool("run", base + dir + "/one.txt");
   const auto three = test::run_tool("run", base + dir + "/three.txt --gpus 3 --max-batch 2");
   const auto small = test::run_tool("run", base + dir + "/small.txt --kv-memory 300K");
+  // `free`, the value the option's help offers, is the default.
+  const auto free = test::run_tool("run", base + dir + "/free.txt --kv-memory free");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(three.exit_code, 0) << three.output;
   ASSERT_EQ(small.exit_code, 0) << small.output;
   EXPECT_EQ(read(dir + "/three.txt"), read(dir + "/one.txt"));
   EXPECT_EQ(read(dir + "/small.txt"), read(dir + "/one.txt"));
+  ASSERT_EQ(free.exit_code, 0) << free.output;
+  EXPECT_EQ(read(dir + "/free.txt"), read(dir + "/one.txt"));
   // The summary has a line per engine.
   EXPECT_NE(three.output.find("run:   engine 2: cpu-f32: "), std::string::npos) << three.output;
 }

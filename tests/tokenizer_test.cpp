@@ -287,6 +287,30 @@ TEST(TokenizerStreaming, ConcatenationEqualsDecode) {
   EXPECT_EQ(streamed, text);
 }
 
+TEST(TokenizerFiles, ManyAddedTokensAllLoadAndMatch) {
+  // 50,000 added tokens (their objects in one array): each is found, the longest match wins,
+  // and they load in linear time (the JSON reader was quadratic in them: 100,000 took 10 s in
+  // a release build).
+  constexpr int kCount = 50000;
+  json j = tiny_json();
+  const TokenId first = TokenId(j["added_tokens"].size()) + 300;
+  json& added = j["added_tokens"];
+  for (int i = 0; i < kCount; ++i)
+    added.push_back(
+        {{"id", first + i}, {"content", fmt::format("<|r{}|>", i)}, {"special", i % 2 == 0}});
+  const Tokenizer t = Tokenizer::parse(j.dump(), "many.json");
+  EXPECT_EQ(t.id_end(), first + kCount);
+  EXPECT_EQ(t.added("<|r0|>"), first);
+  EXPECT_EQ(t.added("<|r49999|>"), first + 49999);
+  EXPECT_TRUE(t.is_special(first + 20000));
+  EXPECT_FALSE(t.is_special(first + 20001));
+  const Ids ids = t.encode("a<|r12345|>b<|r777|>", true);
+  EXPECT_EQ(ids, (Ids{byte_id('a'), first + 12345, byte_id('b'), first + 777}));
+  // A special one is text without allow_special; an ordinary added token is matched anyway.
+  EXPECT_EQ(t.encode("<|r20001|>", false), Ids{first + 20001});
+  EXPECT_NE(t.encode("<|r20000|>", false), Ids{first + 20000});
+}
+
 // ---- bad files ----------------------------------------------------------------------------------
 
 TEST(TokenizerFiles, MissingFifoDirectoryAndOversizedFilesAreOneError) {
@@ -342,6 +366,12 @@ TEST(TokenizerFiles, BadContentsNameTheFileAndTheFault) {
        "not two tokens separated by one space");
   with([](json& j) { j["model"]["merges"].push_back(json::array({"a"})); },
        "is neither \"a b\" nor [\"a\", \"b\"]");
+  // Without merges the vocabulary's longer tokens are never made: refused, not read as none.
+  with([](json& j) { j["model"].erase("merges"); },
+       "model.merges must be an array of merges (it is missing)");
+  with([](json& j) { j["model"]["merges"] = nullptr; },
+       "model.merges must be an array of merges, not \"null\"");
+  with([](json& j) { j["model"]["merges"] = "a b"; }, "model.merges must be an array");
   with(
       [](json& j) {
         j["added_tokens"].push_back({{"id", 97}, {"content", "<x>"}});

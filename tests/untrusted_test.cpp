@@ -1,12 +1,14 @@
 // The readers of untrusted input: quoting for error lines, regular files only, bounded JSON,
 // checked size arithmetic.
+#include "model/untrusted.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 
 #include "model/error.h"
-#include "model/untrusted.h"
 #include "tests/test_util.h"
 
 namespace parity {
@@ -66,6 +68,61 @@ TEST(Untrusted, JsonIsBoundedAndNamesItsSource) {
   e = error_of([&] { parse_json("{\"x\": ", "cut.json"); });
   EXPECT_NE(e.find("cut.json"), std::string::npos) << e;
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
+}
+
+TEST(Untrusted, DanglingSymlinkIsNamedAsOne) {
+  const std::string dir = test::temp_dir("untrusted-link");
+  const std::string link = dir + "/tokenizer.json";
+  ASSERT_EQ(::symlink((dir + "/gone.json").c_str(), link.c_str()), 0);
+  const std::string e = error_of([&] { read_small_file(link, 100, "tokenizer.json"); });
+  EXPECT_NE(e.find(link), std::string::npos) << e;
+  EXPECT_NE(e.find("symbolic link to a file that does not exist"), std::string::npos) << e;
+}
+
+TEST(Untrusted, JsonWithBytesAfterANulIsRefused) {
+  // nlohmann's lexer ends the input at a NUL: without the check these parsed as their prefix.
+  for (const std::string& text : {std::string("{\"a\": 1}\0garbage", 16), std::string("[1]\0", 4),
+                                  std::string("{\"a\": \"x\0y\"}", 12)}) {
+    const std::string e = error_of([&] { parse_json(text, "gen.json"); });
+    EXPECT_NE(e.find("gen.json: not valid JSON"), std::string::npos) << e;
+    EXPECT_NE(e.find("NUL byte"), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of([] { parse_json("{\"a\": 1} x", "t.json"); }).find("not valid JSON"),
+            std::string::npos);
+}
+
+TEST(Untrusted, JsonOfManyObjectsReadsWhole) {
+  // 100,000 objects in an array (a tokenizer.json's added_tokens), in linear time: nlohmann's
+  // callback parser, which the depth cap used, rescanned the array at the end of each object.
+  constexpr int kCount = 100000;
+  std::string text = "[";
+  for (int i = 0; i < kCount; ++i)
+    text += fmt::format("{}{{\"id\": {}, \"s\": \"[{{\"}}", i ? "," : "", i);
+  text += "]";
+  const nlohmann::json j = parse_json(text, "many.json");
+  ASSERT_EQ(j.size(), size_t(kCount));
+  EXPECT_EQ(j[0]["id"], 0);
+  EXPECT_EQ(j[kCount - 1]["id"], kCount - 1);
+  EXPECT_EQ(j[kCount / 2]["s"], "[{") << "brackets in strings are not nesting";
+  // The nesting limit counts arrays and objects, not brackets inside strings.
+  EXPECT_NO_THROW(parse_json("[\"" + std::string(1000, '[') + "\"]", "strings.json"));
+  EXPECT_NO_THROW(parse_json("[\"\\\"[[[\"]", "escaped.json"));
+  EXPECT_NE(error_of([] { parse_json(std::string(65, '{'), "x.json"); }).find("deeper than 64"),
+            std::string::npos);
+}
+
+TEST(Untrusted, ByteSizesAreStrict) {
+  EXPECT_EQ(parse_byte_size("4096", "--x"), 4096u);
+  EXPECT_EQ(parse_byte_size("3K", "--x"), 3072u);
+  EXPECT_EQ(parse_byte_size("2g", "--x"), uint64_t(2) << 30);
+  EXPECT_EQ(parse_byte_size("5M", "--x"), uint64_t(5) << 20);
+  for (const std::string bad : {"", " -5", "-5", " 5", "5 ", "+5", "0", "K", "1.5G", "0x10",
+                                "18446744073709551616", "17179869184G", "free"}) {
+    const std::string e = error_of([&] { parse_byte_size(bad, "--kv-memory"); });
+    EXPECT_NE(e.find("--kv-memory \"" + bad + "\": not a positive number of bytes"),
+              std::string::npos)
+        << bad << ": " << e;
+  }
 }
 
 TEST(Untrusted, CheckedSizeArithmetic) {

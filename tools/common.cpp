@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 #include "model/error.h"
 #include "model/synth.h"
@@ -30,6 +31,9 @@ std::string resolve_model(const std::string& model, const std::string& models_di
   if (model.empty()) fail("--model: empty");
   const bool is_preset = model == "tiny" || model == "20b" || model == "120b";
   if (!is_preset || fs::is_directory(model)) {
+    if (fs::is_regular_file(model))
+      fail("{}: is a file; the model is the checkpoint directory that holds it ({})", model,
+           fs::absolute(model).parent_path().string());
     if (!fs::is_directory(model))
       fail("{}: no such checkpoint directory (and not a preset: tiny, 20b, 120b)", model);
     return model;
@@ -347,6 +351,63 @@ CLI::Option* add_token_list_option(CLI::App& app, const std::string& name,
         }
       },
       help);
+}
+
+namespace {
+// "--seed" for "-s,--seed": the name an error line gives.
+std::string long_name(const std::string& names) {
+  const size_t comma = names.rfind(',');
+  return comma == std::string::npos ? names : names.substr(comma + 1);
+}
+
+template <typename T>
+T decimal_value(const std::string& name, const std::string& text, T min) {
+  T value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 10);
+  if (end != text.data() + text.size() ||
+      (ec != std::errc() && ec != std::errc::result_out_of_range))
+    throw CLI::ValidationError(name, quoted(text, 40) + " is not a decimal integer");
+  if (ec == std::errc::result_out_of_range)
+    throw CLI::ValidationError(name, fmt::format("{} is out of range (at most {})",
+                                                 quoted(text, 40), std::numeric_limits<T>::max()));
+  if (value < min)
+    throw CLI::ValidationError(name, min == 1   ? fmt::format("{} is not a positive count", value)
+                                     : min == 0 ? fmt::format("{} is negative", value)
+                                                : fmt::format("{} is below {}", value, min));
+  return value;
+}
+}  // namespace
+
+CLI::Option* add_decimal_option(CLI::App& app, const std::string& name, int& value,
+                                const std::string& help, int min) {
+  return app
+      .add_option_function<std::string>(
+          name,
+          [&value, name, min](const std::string& text) {
+            value = decimal_value(long_name(name), text, min);
+          },
+          help)
+      ->default_str(std::to_string(value));
+}
+
+CLI::Option* add_decimal_option(CLI::App& app, const std::string& name, uint64_t& value,
+                                const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          name,
+          [&value, name](const std::string& text) {
+            value = decimal_value<uint64_t>(long_name(name), text, 0);
+          },
+          help)
+      ->default_str(std::to_string(value));
+}
+
+CLI::Validator non_empty_value() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.empty() ? std::string("an empty value") : std::string();
+      },
+      "");
 }
 
 void add_selection_options(CLI::App& app, SelectionFlags& f) {

@@ -116,6 +116,17 @@ void add_criterion_options(CLI::App& app, CriterionFlags& flags, const std::stri
 CLI::Option* add_token_list_option(CLI::App& app, const std::string& name,
                                    std::vector<int32_t>& tokens, const std::string& help);
 
+// An integer option read as decimal digits alone (CLI11 reads 010 as octal and 0x10 as hex, and
+// saturates a 64-bit value at 2^64 - 1) and at least `min`: a bad value is one line naming the
+// option, e.g. "--max-batch: 0 is not a positive count".
+CLI::Option* add_decimal_option(CLI::App& app, const std::string& name, int& value,
+                                const std::string& help, int min);
+CLI::Option* add_decimal_option(CLI::App& app, const std::string& name, uint64_t& value,
+                                const std::string& help);
+
+// A check for options whose empty value would silently mean "the default": --gpus "" is refused.
+CLI::Validator non_empty_value();
+
 // parity-diff's selection flags (--stage, --layer, --position, --exclude; object paths are the
 // tool's positionals) into a DiffSelection; throws parity::Error naming a bad value.
 struct SelectionFlags {

@@ -8,8 +8,9 @@
 // (engine/mpi_work.h). Exit 0 when every request ran, 1 when some request failed, 2 on an error.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
-#include <cctype>
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -17,9 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
-
 #include <thread>
-#include <unistd.h>
 
 #include "device/runtime/kv_blocks.h"
 #include "device/runtime/options.h"
@@ -52,14 +51,8 @@ namespace fs = std::filesystem;
 // layout (engine/tiny_tokenizer.h) when its directory has no tokenizer.json.
 constexpr int kO200kSpecialStart = 199998;
 
-std::string read_text_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read the {} {}: {}", what, path, std::strerror(errno));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) fail("cannot read the {} {}: read error", what, path);
-  return s.str();
-}
+// A text or token id file for tokenize and detokenize: read whole, so bounded.
+constexpr uint64_t kMaxTextFileBytes = uint64_t(1) << 30;
 
 // The tokenizer of the model in `dir`: its tokenizer.json, else, for a model of the tiny layout's
 // vocabulary (below o200k's special tokens), the tiny tokenizer -- written into the directory when
@@ -67,7 +60,9 @@ std::string read_text_file(const std::string& path, const char* what) {
 Tokenizer model_tokenizer(const std::string& dir, bool write_tiny) {
   const fs::path json = fs::path(dir) / "tokenizer.json";
   std::error_code ec;
-  if (fs::is_regular_file(dir, ec) || fs::exists(json, ec))
+  // Anything named tokenizer.json (a dangling link, a directory) is read, and refused by the
+  // reader, rather than passed over for the tiny layout.
+  if (fs::is_regular_file(dir, ec) || fs::exists(fs::symlink_status(json, ec)))
     return Tokenizer::load(find_tokenizer_json(dir));
   if (fs::exists(fs::path(dir) / "config.json", ec)) {
     const Config c = Config::load((fs::path(dir) / "config.json").string());
@@ -90,27 +85,6 @@ std::string text_of(const Tokenizer& t, const std::vector<TokenId>& ids) {
       bytes += fmt::format("<|id {}|>", id);
   }
   return utf8_lossy(bytes);
-}
-
-std::vector<TokenId> parse_ids(const std::string& text, const std::string& path) {
-  std::vector<TokenId> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    if (std::isspace(static_cast<unsigned char>(text[i])) != 0) {
-      ++i;
-      continue;
-    }
-    size_t end = i;
-    while (end < text.size() && std::isspace(static_cast<unsigned char>(text[end])) == 0) ++end;
-    TokenId id = 0;
-    const auto [ptr, err] = std::from_chars(text.data() + i, text.data() + end, id);
-    if (err != std::errc() || ptr != text.data() + end || id < 0)
-      fail("{}: `{}` at byte {} is not a token id", path,
-           text.substr(i, std::min<size_t>(end - i, 40)), i + 1);
-    ids.push_back(id);
-    i = end;
-  }
-  return ids;
 }
 
 struct RunFlags {
@@ -188,12 +162,17 @@ Placement placement(const RunFlags& f, int mpi_local_rank, int mpi_local_size) {
   return p;
 }
 
+// 0 for `free` (the default: the device engine takes 90 % of the memory its weights leave free,
+// a host engine has no limit).
 size_t kv_memory_bytes(const RunFlags& f) {
-  return f.kv_memory.empty() ? 0 : device::parse_byte_size(f.kv_memory, "--kv-memory");
+  return f.kv_memory.empty() || f.kv_memory == "free" ? 0
+                                                      : parse_byte_size(f.kv_memory, "--kv-memory");
 }
 
 Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1) {
   Workers w;
+  // Before anything is sized by them (the device's step arena, the engines' slots).
+  SchedulerLimits{f.max_batch, f.step_tokens}.validate();
   const Placement where = placement(f, mpi_local_rank, mpi_local_size);
   const std::string dir = resolve_model(f.model, f.models_dir);
   const bool preset_tiny = f.model == "tiny" && !fs::is_directory(f.model);
@@ -390,15 +369,14 @@ int getp(const RunFlags& f) {
 }
 
 #ifdef PARITY_HAVE_MPI
-// getp on every rank of an MPI world: rank 0 reads, hands out, writes; the others run.
-int getp_mpi(const RunFlags& f, const MpiSession& mpi) {
+// getp on every rank of an MPI world: rank 0 hands out the requests and writes; the others run.
+// `lines` (rank 0's) and `w` are read and loaded on every rank before.
+int getp_mpi(const RunFlags& f, const MpiSession& mpi, const std::vector<RequestLine>& lines,
+             Workers& w) {
   if (mpi.rank() != 0) {
-    Workers w = load(f, mpi.local_rank(), mpi.local_size());
     work_for_rank0(mpi, *w.engines.front());
     return kExitOk;
   }
-  const std::vector<RequestLine> lines = read_request_file(f.input);
-  Workers w = load(f, mpi.local_rank(), mpi.local_size());
   Prepared p = prepare(f, lines, *w.tokenizer);
   LocalQueue queue(p.requests);
   Progress progress(std::cerr, queue.size(), isatty(STDERR_FILENO) == 1, !f.no_progress);
@@ -433,7 +411,12 @@ std::string tokenizer_dir(const RunFlags& f) {
 int tokenize(const RunFlags& f) {
   const std::string dir = tokenizer_dir(f);
   const Tokenizer t = model_tokenizer(dir, f.model == "tiny" && !fs::exists(f.model));
-  const std::vector<TokenId> ids = t.encode(read_text_file(f.input, "text file"), f.allow_special);
+  const std::string text = read_small_file(f.input, kMaxTextFileBytes, "text file");
+  if (const size_t bad = utf8_invalid_offset(text); bad != std::string::npos)
+    fail("{}: invalid UTF-8 at byte {} (line {}): {}", f.input, bad + 1,
+         std::count(text.begin(), text.begin() + long(bad), '\n') + 1,
+         quoted(text.substr(bad, 4), 20));
+  const std::vector<TokenId> ids = t.encode(text, f.allow_special);
   emit(f, fmt::format("{}\n", fmt::join(ids, " ")));
   return kExitOk;
 }
@@ -441,14 +424,12 @@ int tokenize(const RunFlags& f) {
 int detokenize(const RunFlags& f) {
   const std::string dir = tokenizer_dir(f);
   const Tokenizer t = model_tokenizer(dir, f.model == "tiny" && !fs::exists(f.model));
-  const std::vector<TokenId> ids = parse_ids(read_text_file(f.input, "token id file"), f.input);
-  emit(f, t.decode(ids));
+  emit(f, decode_token_id_file(read_small_file(f.input, kMaxTextFileBytes, "token id file"),
+                               f.input, t));
   return kExitOk;
 }
 
-int run_main(int argc, char** argv) {
-  CLI::App app{"run: gpt-oss inference with continuous batching, on GPUs or the host"};
-  RunFlags f;
+void add_run_options(CLI::App& app, RunFlags& f) {
   app.add_option("model", f.model,
                  "checkpoint directory or preset (tiny, 20b, 120b); for "
                  "tokenize/detokenize also a tokenizer directory")
@@ -462,62 +443,141 @@ int run_main(int argc, char** argv) {
   app.add_option("-o,--output", f.output,
                  "getp, tokenize, detokenize: the output file (standard output when absent)");
   app.add_flag("--text", f.text, "getp: the decoded text after a tab on each output line");
-  app.add_option("-n,--max-tokens", f.max_tokens, "generated tokens per request at most")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  add_decimal_option(app, "-n,--max-tokens", f.max_tokens, "generated tokens per request at most",
+                     1);
   app.add_option("-t,--temperature", f.sampling.temperature, "0: greedy")->capture_default_str();
-  app.add_option("--top-k", f.sampling.top_k, "0: off")->capture_default_str();
+  add_decimal_option(app, "--top-k", f.sampling.top_k, "0: off", 0);
   app.add_option("--top-p", f.sampling.top_p, "1: off")->capture_default_str();
-  app.add_option("-s,--seed", f.sampling.seed, "the sampling generator's seed")
-      ->capture_default_str();
+  add_decimal_option(app, "-s,--seed", f.sampling.seed,
+                     "the sampling generator's seed (0 to 2^64 - 1)");
   app.add_option("--backend", f.backend,
                  "hip (the device engine), cpu-f32 or reference (the host backends); default hip "
-                 "where a GPU is there and the build has the device engine, else cpu-f32");
+                 "where a GPU is there and the build has the device engine, else cpu-f32")
+      ->check(non_empty_value());
   app.add_option("--gpus", f.gpus,
                  "engines of this process: `all` or N GPUs with hip, one per GPU, sharing one "
-                 "queue (N host engines with a host backend); default 1");
+                 "queue (N host engines with a host backend); default 1")
+      ->check(non_empty_value());
   app.add_option("--kv-memory", f.kv_memory,
-                 "KV-cache size per engine, bytes with an optional K, M or G suffix (hip "
-                 "default: 90 % of what the weights leave free; host backends: no limit)");
+                 "KV-cache size per engine: bytes with an optional K, M or G suffix, or `free` "
+                 "(the default; hip: 90 % of what the weights leave free; host backends: no limit)")
+      ->check(non_empty_value());
   app.add_flag("--kernel-times", f.kernel_times,
                "hip: time each stage's kernels with device events and print the table");
   app.add_flag("--no-progress", f.no_progress, "getp: no progress display");
   app.add_flag("--no-graphs", f.no_graphs,
                "hip: launch each kernel of a step on its own (default: a step's layers as one "
                "captured graph, replayed for the steps of its shape)");
-  app.add_option("--max-batch", f.max_batch, "sequences running at once at most")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--step-tokens", f.step_tokens, "rows per step at most (prefill chunks)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--context", f.context,
-                 "positions per sequence, prompt and generation (0: the model's context)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  add_decimal_option(
+      app, "--max-batch", f.max_batch,
+      fmt::format("sequences running at once at most ({} at most)", SchedulerLimits::kMaxBatch), 1);
+  add_decimal_option(app, "--step-tokens", f.step_tokens, "rows per step at most (prefill chunks)",
+                     1);
+  add_decimal_option(app, "--context", f.context,
+                     "positions per sequence, prompt and generation (0: the model's context)", 0);
   app.add_flag("--harmony", f.harmony, "wrap each prompt as a harmony user message");
   app.add_flag("--allow-special", f.allow_special,
                "tokenize: special tokens in the text (<|start|>, ...) become their ids");
   app.add_option("--models-dir", f.models_dir, "where presets live");
-  if (const auto done = parse_command_line(app, "run", argc, argv)) return *done;
+}
+
+// What the options say before any file is read: sampling values, the default backend.
+void check_flags(RunFlags& f) {
   f.sampling.validate();
   if (f.backend.empty()) f.backend = default_candidate();
+}
+
 #ifdef PARITY_HAVE_MPI
-  if (launched_by_mpi()) {
-    MpiSession mpi(&argc, &argv);
-    if (mpi.size() > 1) {
-      // An error on one rank ends them all: the others may be waiting on it.
+// Standard output and error silenced for this scope (restored after), on ranks that must not
+// repeat what rank 0 says.
+class Silenced {
+ public:
+  explicit Silenced(bool silent) {
+    if (!silent) return;
+    out_ = std::cout.rdbuf(nullptr);
+    err_ = std::cerr.rdbuf(nullptr);
+    silent_ = true;
+  }
+  ~Silenced() {
+    if (!silent_) return;
+    std::cout.rdbuf(out_);
+    std::cerr.rdbuf(err_);
+    std::cout.clear();
+    std::cerr.clear();
+  }
+  Silenced(const Silenced&) = delete;
+  Silenced& operator=(const Silenced&) = delete;
+
+ private:
+  bool silent_ = false;
+  std::streambuf* out_ = nullptr;
+  std::streambuf* err_ = nullptr;
+};
+
+// run on several ranks: every rank parses the same command line (rank 0 alone reports what is
+// wrong with it), then each checks and loads what it needs; an error found so far is printed
+// once, by the first rank that found it, and every rank exits 2 through MPI_Finalize. An error
+// once the work has started ends every rank at once (a rank may be waiting on the one that
+// failed).
+int run_mpi(const MpiSession& mpi, int argc, char** argv) {
+  CLI::App app{"run: gpt-oss inference with continuous batching, on GPUs or the host"};
+  RunFlags f;
+  add_run_options(app, f);
+  std::optional<int> done;
+  {
+    const Silenced quiet(mpi.rank() != 0);
+    done = parse_command_line(app, "run", argc, argv);
+  }
+  if (done) return *done;
+  const auto report = [&](const std::exception& e) {
+    std::cerr << fmt::format("run: error: {}{}\n",
+                             mpi.rank() == 0 ? "" : fmt::format("rank {}: ", mpi.rank()),
+                             one_line(e.what(), 2000))
+              << std::flush;
+  };
+  std::vector<RequestLine> lines;
+  std::optional<Workers> w;
+  std::optional<std::exception_ptr> failure;
+  try {
+    check_flags(f);
+    if (f.mode != "getp") fail("-m {}: under MPI only getp runs on several ranks", f.mode);
+    if (mpi.rank() == 0) lines = read_request_file(f.input);
+    w.emplace(load(f, mpi.local_rank(), mpi.local_size()));
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  if (const int failed = mpi.first_failing_rank(failure.has_value()); failed >= 0) {
+    if (failed == mpi.rank()) {
       try {
-        if (f.mode != "getp") fail("-m {}: under MPI only getp runs on several ranks", f.mode);
-        return getp_mpi(f, mpi);
+        std::rethrow_exception(*failure);
       } catch (const std::exception& e) {
-        std::cerr << fmt::format("run: error: rank {}: {}\n", mpi.rank(), one_line(e.what(), 2000))
-                  << std::flush;
-        mpi.abort(kExitError);
+        report(e);
       }
     }
+    return kExitError;
+  }
+  try {
+    return getp_mpi(f, mpi, lines, *w);
+  } catch (const std::exception& e) {
+    report(e);
+    mpi.abort(kExitError);
+  }
+}
+#endif
+
+int run_main(int argc, char** argv) {
+#ifdef PARITY_HAVE_MPI
+  std::optional<MpiSession> mpi;
+  if (launched_by_mpi()) {
+    mpi.emplace(&argc, &argv);
+    if (mpi->size() > 1) return run_mpi(*mpi, argc, argv);
   }
 #endif
+  CLI::App app{"run: gpt-oss inference with continuous batching, on GPUs or the host"};
+  RunFlags f;
+  add_run_options(app, f);
+  if (const auto done = parse_command_line(app, "run", argc, argv)) return *done;
+  check_flags(f);
   if (f.mode == "generate") return generate(f);
   if (f.mode == "getp") return getp(f);
   if (f.mode == "tokenize") return tokenize(f);
