@@ -328,26 +328,41 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Decl> decls,
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // align the data section to 8 bytes
   f_ = std::fopen(tmp_.c_str(), "wb");
-  if (f_ == nullptr) fail("{}: cannot create ({})", tmp_, std::strerror(errno));
+  if (f_ == nullptr) fail("{}: cannot create {} ({})", path_, tmp_, std::strerror(errno));
   const uint64_t len = h.size();
+  // No destructor runs for a constructor that throws: give_up removes the file itself.
   if (std::fwrite(&len, 8, 1, f_) != 1 || std::fwrite(h.data(), 1, h.size(), f_) != h.size())
-    fail("{}: write failed ({})", tmp_, std::strerror(errno));
+    give_up("writing the header failed", errno);
+}
+
+void SafetensorsWriter::give_up(std::string_view what, int err) {
+  if (f_ != nullptr) std::fclose(f_);
+  f_ = nullptr;
+  finished_ = true;  // nothing left for the destructor
+  std::remove(tmp_.c_str());
+  fail("{}: {} ({}); the partial file {} was removed", path_, what,
+       err != 0 ? std::strerror(err) : "no reason given", tmp_);
 }
 
 void SafetensorsWriter::write(const void* data, size_t nbytes) {
+  if (finished_) fail("{}: written after it was finished or abandoned", path_);
   if (written_ + nbytes > total_) fail("{}: more bytes written than declared", tmp_);
-  if (std::fwrite(data, 1, nbytes, f_) != nbytes) fail("{}: write failed ({})", tmp_, std::strerror(errno));
+  if (std::fwrite(data, 1, nbytes, f_) != nbytes) give_up("writing failed", errno);
   written_ += nbytes;
 }
 
 void SafetensorsWriter::finish() {
+  if (finished_) fail("{}: finished twice, or after it was abandoned", path_);
   if (written_ != total_) fail("{}: {} of {} declared bytes written", tmp_, written_, total_);
-  if (std::fclose(f_) != 0) {
-    f_ = nullptr;
-    fail("{}: close failed ({})", tmp_, std::strerror(errno));
-  }
+  // A full disk often shows only here, when the buffered end of the data is written out.
+  if (std::fflush(f_) != 0) give_up("writing failed", errno);
+  const int closed = std::fclose(f_);
+  const int err = errno;
   f_ = nullptr;
-  fs::rename(tmp_, path_);
+  if (closed != 0) give_up("closing failed", err);
+  std::error_code ec;
+  fs::rename(tmp_, path_, ec);
+  if (ec) give_up("moving it into place failed", ec.value());
   finished_ = true;
 }
 

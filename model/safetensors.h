@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace parity {
@@ -103,6 +104,10 @@ class SafetensorsWriter {
   size_t data_bytes() const { return total_; }
 
  private:
+  // Closes and removes the temporary file, then throws one Error naming the file, `what` failed
+  // and errno's text (a full disk: "No space left on device").
+  [[noreturn]] void give_up(std::string_view what, int err);
+
   std::string path_, tmp_;
   std::FILE* f_ = nullptr;
   size_t total_ = 0, written_ = 0;

@@ -623,9 +623,11 @@ void write_text_file(const fs::path& path, const std::string& text) {
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) give_up(fmt::format("cannot create ({})", std::strerror(errno)));
+    errno = 0;
     out << text;
     out.close();
-    if (!out) give_up(fmt::format("write failed ({})", std::strerror(errno)));
+    if (!out)
+      give_up(fmt::format("write failed ({})", errno != 0 ? std::strerror(errno) : "no reason given"));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
@@ -795,6 +797,18 @@ SynthResult write_synthetic_checkpoint(const SynthSpec& spec, const std::string&
   if (spec.magnitudes != SynthMagnitudes::unit)
     generator += fmt::format(" magnitudes {}", synth_magnitudes_name(spec.magnitudes));
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"generator", generator}};
+  // A run that fails half way (a full disk) removes the files it wrote: a directory of some
+  // shards and no config.json is no checkpoint, only space taken.
+  struct RemoveUnlessDone {
+    const fs::path& dir;
+    const std::vector<std::string>& files;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      if (done) return;
+      std::error_code ec;
+      for (const std::string& f : files) fs::remove(dir / f, ec);
+    }
+  } written{dir, files};
   for (int s = 0; s < spec.shards; ++s) {
     files.push_back(shard_name(s, spec.shards));
     std::vector<SafetensorsWriter::Decl> decls;
@@ -842,6 +856,7 @@ SynthResult write_synthetic_checkpoint(const SynthSpec& spec, const std::string&
     cj["parity_synth"]["magnitudes"] = synth_magnitudes_name(spec.magnitudes);
   write_text_file(dir / "config.json", cj.dump(2) + "\n");
   files.push_back("config.json");
+  written.done = true;
 
   SynthResult r;
   for (const auto& f : files) {

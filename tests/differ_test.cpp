@@ -16,6 +16,7 @@
 
 #include "model/error.h"
 #include "tracer/differ.h"
+#include "tracer/escape.h"
 #include "tracer/profiles.h"
 #include "tracer/report.h"
 #include "tests/test_util.h"
@@ -555,6 +556,65 @@ TEST_F(DiffTraces, ReportsInEveryFormat) {
 
   EXPECT_EQ(parse_report_format("junit"), ReportFormat::Junit);
   expect_error([] { (void)parse_report_format("pdf"); }, {"pdf"});
+}
+
+// Whether `s` is valid UTF-8 with no control character but newline and tab (what a terminal or
+// an XML parser can take).
+bool clean_text(std::string_view s) {
+  return printable_text(s) == s;
+}
+
+// Untrusted bytes for the reports: control characters (C0, DEL, C1) and invalid UTF-8 as \xNN,
+// everything else kept; markup gets entities besides; JSON is valid UTF-8 whatever it holds.
+TEST(Escape, EveryFormatGetsValidPrintableText) {
+  EXPECT_EQ(printable_text("plain text, tabs\tand\nnewlines"), "plain text, tabs\tand\nnewlines");
+  EXPECT_EQ(printable_text("caf\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable_text("esc\x1b[2Jbel\x07" "del\x7f"), "esc\\x1b[2Jbel\\x07del\\x7f");
+  EXPECT_EQ(printable_text("csi\xc2\x9b" "1m"), "csi\\xc2\\x9b1m");
+  EXPECT_EQ(printable_text(std::string_view("nul\0!", 5)), "nul\\x00!");
+  EXPECT_EQ(printable_text("bad\xff\xfe"), "bad\\xff\\xfe");
+  EXPECT_EQ(printable_text("cut\xe2\x80"), "cut\\xe2\\x80");
+  EXPECT_EQ(printable_text("overlong\xc0\xaf surrogate\xed\xa0\x80"),
+            "overlong\\xc0\\xaf surrogate\\xed\\xa0\\x80");
+  EXPECT_EQ(printable_text(printable_text("\x1b\xff")), printable_text("\x1b\xff")) << "idempotent";
+  EXPECT_EQ(markup_text("<a href=\"x\">&'\x1b\xff"), "&lt;a href=&quot;x&quot;&gt;&amp;&apos;\\x1b\\xff");
+  const nlohmann::json j = {{"backend", "port\xff\x1b"}};
+  const std::string text = json_text(j);
+  EXPECT_TRUE(nlohmann::json::accept(text)) << text;
+  EXPECT_NE(text.find("\\u001b"), std::string::npos) << text;
+}
+
+// A trace's attributes (ESC, BEL, invalid UTF-8, markup) reach no report raw: the text report
+// escapes them, the HTML and JUnit reports entity-escape them and are valid UTF-8 without
+// control characters, and the JSON report is written (its dump used to throw
+// [json.exception.type_error.316]) and parses.
+TEST_F(DiffTraces, BytesFromTheTracesAreEscapedInEveryReport) {
+  const std::vector<double> v = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  std::vector<double> w = v;
+  w[2] = 0.9;
+  TraceMeta a = meta_for(c, "port\x1b[31m\x07<b>&\xff\xfe");
+  a.precision = "f32\xc3\x28 \x1b]0;title\x07";
+  write_trace(a_path, c, a, {{0, kModelLayer, Stage::embedding, f32(w)}});
+  write_trace(b_path, c, meta_for(c, "reference"), {{0, kModelLayer, Stage::embedding, f64(v)}});
+  const DiffResult r = diff_traces(TraceReader(a_path), TraceReader(b_path),
+                                   Criterion::fixed(tolerance_profile("fp32")));
+  ASSERT_TRUE(r.diverged());
+  const std::string text = render_report(r, ReportFormat::Text);
+  EXPECT_TRUE(clean_text(text)) << text;
+  EXPECT_NE(text.find("port\\x1b[31m\\x07<b>&\\xff\\xfe"), std::string::npos) << text;
+  EXPECT_TRUE(clean_text(verdict_line(r)));
+  for (ReportFormat f : {ReportFormat::Html, ReportFormat::Junit}) {
+    const std::string doc = render_report(r, f);
+    EXPECT_TRUE(clean_text(doc)) << doc;
+    EXPECT_EQ(doc.find("\\x07<b>"), std::string::npos) << doc;
+    EXPECT_NE(doc.find("port\\x1b[31m\\x07&lt;b"), std::string::npos) << doc;
+  }
+  pugi::xml_document xml;
+  EXPECT_TRUE(xml.load_string(render_report(r, ReportFormat::Junit).c_str()));
+  std::string json;
+  ASSERT_NO_THROW(json = render_report(r, ReportFormat::Json));
+  const nlohmann::json j = nlohmann::json::parse(json);
+  EXPECT_EQ(j["a"]["backend"].get<std::string>().find("\x1b"), 4u);
 }
 
 // ---- the parity-diff tool ------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // the sliding window, localizes an injected fault to exactly its stage and layer for every
 // stage of the list, and refuses bad input with exit 2 and no output files.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <filesystem>
 #include <fstream>
@@ -204,5 +205,137 @@ TEST(ParityTrace, BadInputExitsTwoWithOneLineAndNoOutputFiles) {
   }
 }
 
+
+// A capture of naive_port on the tiny model at positions 0 and 1.
+std::string naive_capture(const std::string& dir) {
+  const std::string capture = dir + "/port.h5";
+  const auto port = test::run_tool("naive_port", test::tiny_model_dir() + " --tokens 1,2 --capture " + capture);
+  EXPECT_EQ(port.exit_code, 0) << port.output;
+  return capture;
+}
+
+std::string entries_of(const std::string& dir) {
+  std::string names;
+  if (!fs::exists(dir)) return names;
+  for (const auto& e : fs::directory_iterator(dir)) names += " " + e.path().filename().string();
+  return names;
+}
+
+// A capture that is not one -- a junk dataset, a series parity-trace computes, a row whose
+// order is not its stage's, empty position groups -- is one line naming the file and the object,
+// exit 2, before anything is written: --out is not even created.
+TEST(ParityTrace, ACaptureWithForeignObjectsIsRefusedBeforeAnythingIsWritten) {
+  const std::string dir = test::temp_dir("capture-foreign");
+  const std::string good = naive_capture(dir);
+  struct Case {
+    std::string tag, object;
+    void (*edit)(hid_t);
+  };
+  const std::vector<Case> cases = {
+      {"junk", "/junk",
+       [](hid_t f) {
+         const hsize_t n = 1;
+         const hid_t space = H5Screate_simple(1, &n, nullptr);
+         H5Dclose(H5Dcreate2(f, "/junk", H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+         H5Sclose(space);
+       }},
+      {"magnitude", "/magnitude",
+       [](hid_t f) {
+         const hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+         H5Pset_create_intermediate_group(lcpl, 1);
+         H5Ocopy(f, "/pos_0/layer_0/qkv", f, "/magnitude/pos_0/layer_0/qkv", H5P_DEFAULT, lcpl);
+         H5Pclose(lcpl);
+       }},
+      {"order", "/pos_1/layer_0/qkv",
+       [](hid_t f) {
+         const int32_t order = 0;
+         const char* qkv = "/pos_1/layer_0/qkv";
+         H5Adelete_by_name(f, qkv, "order", H5P_DEFAULT);
+         const hid_t scalar = H5Screate(H5S_SCALAR);
+         const hid_t a = H5Acreate_by_name(f, qkv, "order", H5T_STD_I32LE, scalar, H5P_DEFAULT,
+                                           H5P_DEFAULT, H5P_DEFAULT);
+         H5Awrite(a, H5T_NATIVE_INT32, &order);
+         H5Aclose(a);
+         H5Sclose(scalar);
+       }},
+      {"empty", "/pos_",
+       [](hid_t f) {
+         for (int p = 2; p < 2002; ++p)
+           H5Gclose(H5Gcreate2(f, ("/pos_" + std::to_string(p)).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+       }},
+  };
+  for (const Case& c : cases) {
+    const std::string capture = dir + "/" + c.tag + ".h5", out = dir + "/out-" + c.tag;
+    fs::copy_file(good, capture);
+    const hid_t f = H5Fopen(capture.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    c.edit(f);
+    ASSERT_GE(H5Fclose(f), 0);
+    const auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                      " --candidate-trace " + capture + " --out " + out);
+    EXPECT_EQ(r.exit_code, 2) << c.tag << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find(capture + ": " + c.object), std::string::npos) << c.tag << ": " << r.output;
+    EXPECT_FALSE(fs::exists(out)) << c.tag << ": left behind:" << entries_of(out);
+  }
+}
+
+// An error after the reference trace is written (here: a capture row whose compressed data is
+// damaged, found when the diff reads it) removes what the run wrote, and only that: a file of
+// the user's in --out stays.
+TEST(ParityTrace, AnErrorLeavesNoHalfOfARunInOut) {
+  const std::string dir = test::temp_dir("capture-damaged");
+  const std::string capture = naive_capture(dir);
+  {
+    const hid_t f = H5Fopen(capture.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    // /pos_1/model/sampled again, as one deflated chunk whose bytes are not deflate data.
+    const char* path = "/pos_1/model/sampled";
+    const hid_t old = H5Dopen2(f, path, H5P_DEFAULT);
+    ASSERT_GE(old, 0);
+    int32_t attrs[3] = {0, 0, 0};
+    const char* names[3] = {"layer", "position", "order"};
+    for (int i = 0; i < 3; ++i) {
+      const hid_t a = H5Aopen(old, names[i], H5P_DEFAULT);
+      H5Aread(a, H5T_NATIVE_INT32, &attrs[i]);
+      H5Aclose(a);
+    }
+    H5Dclose(old);
+    ASSERT_GE(H5Ldelete(f, path, H5P_DEFAULT), 0);
+    const hsize_t n = 1;
+    const hid_t space = H5Screate_simple(1, &n, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, &n);
+    H5Pset_deflate(dcpl, 6);
+    const hid_t ds = H5Dcreate2(f, path, H5T_STD_I32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(ds, 0);
+    const hsize_t origin = 0;
+    const unsigned char garbage[8] = {0xde, 0xad, 0xbe, 0xef, 0xde, 0xad, 0xbe, 0xef};
+    ASSERT_GE(H5Dwrite_chunk(ds, H5P_DEFAULT, 0, &origin, sizeof garbage, garbage), 0);
+    const hid_t scalar = H5Screate(H5S_SCALAR), str = H5Tcopy(H5T_C_S1);
+    H5Tset_size(str, 8);
+    const hid_t sa = H5Acreate2(ds, "stage", str, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(sa, str, "sampled");
+    H5Aclose(sa);
+    for (int i = 0; i < 3; ++i) {
+      const hid_t a = H5Acreate2(ds, names[i], H5T_STD_I32LE, scalar, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, H5T_NATIVE_INT32, &attrs[i]);
+      H5Aclose(a);
+    }
+    H5Tclose(str);
+    H5Sclose(scalar);
+    H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    ASSERT_GE(H5Fclose(f), 0);
+  }
+  const std::string out = dir + "/out";
+  fs::create_directories(out);
+  std::ofstream(out + "/notes.txt") << "mine\n";
+  const auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                                    " --candidate-trace " + capture + " --out " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("/pos_1/model/sampled"), std::string::npos) << r.output;
+  EXPECT_EQ(entries_of(out), " notes.txt") << r.output;
+}
 }  // namespace
 }  // namespace parity

@@ -10,7 +10,12 @@
 #include "model/synth.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -55,6 +60,59 @@ std::string synth(const std::string& preset, uint64_t seed, const std::string& t
   for (const auto& e : fs::directory_iterator(dir)) on_disk += e.file_size();
   EXPECT_EQ(r.bytes, on_disk) << "SynthResult::bytes counts every file written";
   return dir;
+}
+
+// Runs parity-synth --preset tiny into `out` under a file size limit of `bytes` (RLIMIT_FSIZE
+// with SIGXFSZ ignored: a write past it fails with EFBIG, as one on a full disk fails with
+// ENOSPC, and no privilege or small file system is needed). Fork and exec only: the child calls
+// nothing but async-signal-safe functions before exec.
+test::ToolResult synth_with_file_size_limit(uint64_t bytes, const std::string& out) {
+  const std::string bin = std::string(PARITY_BIN_DIR) + "/parity-synth";
+  int fds[2];
+  if (::pipe(fds) != 0) return {};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{bytes, bytes};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    ::execl(bin.c_str(), bin.c_str(), "--preset", "tiny", "--out", out.c_str(), nullptr);
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  test::ToolResult r;
+  char buffer[4096];
+  for (ssize_t got; (got = ::read(fds[0], buffer, sizeof buffer)) > 0;) r.output.append(buffer, size_t(got));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A write that fails (a full disk) is one line naming the file and errno's text, and leaves
+// nothing: neither the partial file being written nor the shards written before it. Limits at
+// the start of a shard (its header), inside the first shard, and past the first shard.
+TEST(Synth, AFailedWriteLeavesNoFileBehind) {
+  const std::string full = synth("tiny", 0, "synth-sizes");
+  uint64_t largest = 0;
+  for (const auto& e : fs::directory_iterator(full))
+    if (e.path().extension() == ".safetensors") largest = std::max<uint64_t>(largest, e.file_size());
+  ASSERT_GT(largest, 8192u);
+  for (const uint64_t limit : {uint64_t(0), uint64_t(4096), largest - 1}) {
+    const std::string out = test::temp_dir("synth-limited");
+    const test::ToolResult r = synth_with_file_size_limit(limit, out);
+    EXPECT_EQ(r.exit_code, 2) << limit << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find(".safetensors: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("18446744073709551615"), std::string::npos) << r.output;
+    std::string left;
+    for (const auto& e : fs::directory_iterator(out)) left += " " + e.path().filename().string();
+    EXPECT_EQ(left, "") << "limit " << limit << ": left behind:" << left;
+  }
 }
 
 TEST(Synth, SameSeedGivesByteIdenticalFiles) {

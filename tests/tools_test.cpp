@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "model/error.h"
 #include "tests/test_util.h"
+#include "tools/common.h"
 #include "tracer/trace_file.h"
 
 namespace parity {
@@ -101,6 +103,65 @@ TEST(Tools, TracesOfDifferentRunsAreNotCompared) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(lines(r.output), 1u) << r.output;
   EXPECT_NE(r.output.find("different runs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--across-runs"), std::string::npos) << "the way past it is named: " << r.output;
+}
+
+// Two runs of one model, checkpoint and tokens (two machines, two days) are compared when asked
+// for, the references of both included; a pair of two runs in one directory is still refused,
+// and so are other tokens.
+TEST(Tools, AcrossRunsComparesTwoRunsOfTheSameTokens) {
+  const std::string one = test::temp_dir("across-one"), two = test::temp_dir("across-two"),
+                    three = test::temp_dir("across-three");
+  for (const auto& [dir, tokens] : {std::pair{one, "1,2"}, {two, "1,2"}, {three, "1,3"}}) {
+    const auto run = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " +
+                                                        tokens + " --candidate cpu-f32 --out " + dir);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  auto r = test::run_tool("parity-diff", "--across-runs " + one + "/candidate.h5 " + two + "/reference.h5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS"), std::string::npos) << r.output;
+  r = test::run_tool("parity-diff", "--across-runs -q " + one + "/reference.h5 " + two + "/reference.h5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_tool("parity-diff", "--across-runs " + one + "/candidate.h5 " + three + "/reference.h5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("different tokens"), std::string::npos) << r.output;
+  fs::copy_file(two + "/reference.h5", one + "/other-reference.h5");
+  r = test::run_tool("parity-diff", "--across-runs " + one + "/candidate.h5 " + one + "/other-reference.h5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("lie in one directory"), std::string::npos) << r.output;
+}
+
+// A --junit (or -o) file that cannot be written is found before any work, and never replaces
+// the error the JUnit file was to carry.
+TEST(Tools, AJunitFileThatCannotBeWrittenNeverHidesTheError) {
+  const std::string dir = test::temp_dir("junit-missing");
+  const std::string missing = dir + "/no/such/dir/report.xml";
+  auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
+                                              " --candidate-trace " + dir + "/nothing.h5 --out " +
+                                              dir + "/out --junit " + missing);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("--junit " + missing + ": no directory"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+  r = test::run_tool("parity-diff", dir + "/a.h5 " + dir + "/b.h5 --report junit -o " + missing);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--output " + missing + ": no directory"), std::string::npos) << r.output;
+  // When the JUnit file fails only at the end, the run's own error still comes first.
+  try {
+    write_junit_error_file(missing, "parity-trace", Error("capture.h5: no such file"));
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("capture.h5: no such file", 0), 0u) << what;
+    EXPECT_NE(what.find("JUnit file could not be written"), std::string::npos) << what;
+  }
+  // A writable one carries the error line.
+  r = test::run_tool("parity-diff", dir + "/a.h5 " + dir + "/b.h5 --report junit -o " + dir + "/r.xml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::ifstream in(dir + "/r.xml");
+  const std::string xml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(xml.find("a.h5"), std::string::npos) << xml;
 }
 
 // parity-diff compares what it is asked to, as h5diff does: object paths, --stage, --layer,

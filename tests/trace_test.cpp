@@ -24,6 +24,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "model/error.h"
 #include "tests/test_util.h"
@@ -647,6 +648,9 @@ TEST(TraceFile, DatasetsAreCheckedBeforeTheyAreRead) {
     const std::string path = variant();
     replace_dataset(path, c, "/pos_0/layer_0/qkv", H5T_IEEE_F64LE, {4, 4});
     expect_refused(path, {path, "/pos_0/layer_0/qkv", "holds [4, 4] values", "qkv row at position 0 is [16]"});
+    // Already when the trace opens: a tool that writes its outputs after opening its inputs
+    // never starts on a file with a dataset of the wrong shape.
+    expect_error([&] { TraceReader r(path); }, {path, "/pos_0/layer_0/qkv", "holds [4, 4] values"});
   }
   {
     const std::string path = variant();
@@ -692,12 +696,9 @@ TEST(TraceFile, DatasetsAreCheckedBeforeTheyAreRead) {
   add_dataset(wide_path, "/pos_0/model/logits", H5T_IEEE_F64LE, {hsize_t(1) << 20}, "logits",
               kModelLayer, 0, execution_order(wide, kModelLayer, Stage::logits));
   ASSERT_LT(fs::file_size(wide_path), size_t(1) << 20);
-  {
-    const TraceReader wide_reader(wide_path);
-    EXPECT_EQ(wide_reader.read("/pos_0/model/embedding").size(), 8u);
-    expect_error([&] { (void)wide_reader.read("/pos_0/model/logits"); },
-                 {wide_path, "/pos_0/model/logits", "declares 8388608 bytes"});
-  }
+  // Refused when the trace opens, before anything reads a dataset.
+  expect_error([&] { TraceReader r(wide_path); },
+               {wide_path, "/pos_0/model/logits", "declares 8388608 bytes"});
 
   // Links that are not the trace's own: refused when indexing, before anything follows them.
   for (bool external : {false, true}) {
@@ -1094,6 +1095,9 @@ TEST(TraceFile, FileSizeLimitAbandonsTheTrace) {
     return write_until_refused(out_dir, c);
   });
   check_abandoned(r, out_dir + "/trace.h5", "File too large");
+  // errno's text, not HDF5's dump of the failed call (a -1 printed as an unsigned size).
+  EXPECT_EQ(r.text.find("18446744073709551615"), std::string::npos) << r.text;
+  EXPECT_EQ(r.text.find("bytes actually written"), std::string::npos) << r.text;
 }
 
 // Class 8: the two traces of one run share a run id; the differ refuses a pair from two runs
@@ -1204,6 +1208,113 @@ TEST(TraceFile, GroupsKeepCreationOrder) {
               std::tie(r.entries()[i].key.position, r.entries()[i].key.order));
 }
 
+
+
+// A trace of two positions as a port's capture writes it: stage rows only, an att row in the
+// NO_SINK layout.
+void write_capture(const std::string& path, const Config& c) {
+  TraceWriter w(path, small_meta(c, "my-port"));
+  const auto real = StageData::Type::F32;
+  for (int pos = 0; pos < 2; ++pos) {
+    w.record(key(c, pos, kModelLayer, Stage::embedding), make_row(c, Stage::embedding, pos, real, 1));
+    w.record(key(c, pos, 0, Stage::qkv), make_row(c, Stage::qkv, pos, real, 2));
+    w.record(key(c, pos, 1, Stage::att), make_row(c, Stage::att, pos, real, 3), "NO_SINK");
+  }
+  w.finish();
+}
+
+// Copies `path` to a new file of `dir` and applies `edit` to it through the HDF5 C API.
+template <typename F>
+std::string edited_copy(const TempDir& dir, const std::string& path, const std::string& tag, F&& edit) {
+  const std::string copy = dir.file(tag + ".h5");
+  fs::copy_file(path, copy);
+  const Id f(H5Fopen(copy.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+  EXPECT_GE(f.id, 0) << copy;
+  edit(hid_t(f));
+  return copy;
+}
+
+// Class 11: what a capture is. parity-trace --candidate-trace read a capture with a junk
+// dataset, the series parity-trace itself computes (/replay, /magnitude), an order that is not
+// its stage's, or 2,000 empty position groups as if it were sound. A capture holds its stage
+// rows and KV-cache rows only; every trace holds no empty group and orders its rows as they ran.
+TEST(TraceFile, CapturesHoldTheirRowsAndNothingElse) {
+  const Config c = small_config();
+  TempDir dir;
+  const std::string good = dir.file("capture.h5");
+  write_capture(good, c);
+  {
+    const TraceReader r(good, TraceKind::capture);
+    EXPECT_EQ(r.entries().size(), 6u);
+    EXPECT_EQ(r.layout("/pos_1/layer_1/att"), "NO_SINK");
+  }
+
+  // Users may annotate a trace; a capture is what the port recorded and nothing more.
+  const std::string junk = edited_copy(dir, good, "junk", [](hid_t f) {
+    const Id space = simple_space({3});
+    const Id ds(H5Dcreate2(f, "/junk", H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    ASSERT_GE(ds.id, 0);
+  });
+  EXPECT_NO_THROW(TraceReader r(junk));
+  expect_error([&] { TraceReader r(junk, TraceKind::capture); }, {junk, "/junk", "not part of a capture"});
+
+  // The series parity-trace computes are its own: a port never records them.
+  for (const std::string series : {"replay", "magnitude", "recompute"}) {
+    const std::string path = edited_copy(dir, good, series, [&](hid_t f) {
+      const Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+      ASSERT_GE(H5Pset_create_intermediate_group(lcpl, 1), 0);
+      const std::string to = "/" + series + "/pos_0/model/embedding";
+      ASSERT_GE(H5Ocopy(f, "/pos_0/model/embedding", f, to.c_str(), H5P_DEFAULT, lcpl), 0);
+    });
+    expect_error([&] { TraceReader r(path, TraceKind::capture); },
+                 {path, "/" + series, "not part of a capture", "parity-trace computes"});
+  }
+
+  // Empty groups: 2,000 positions without a row, a layer group without one, an empty /cache.
+  const std::string empty_positions = edited_copy(dir, good, "empty-positions", [](hid_t f) {
+    for (int p = 2; p < 2002; ++p) {
+      const Id g(H5Gcreate2(f, fmt::format("/pos_{}", p).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      ASSERT_GE(g.id, 0);
+    }
+  });
+  for (TraceKind kind : {TraceKind::trace, TraceKind::capture})
+    expect_error([&] { TraceReader r(empty_positions, kind); }, {empty_positions, "/pos_", "an empty group"});
+  const std::string empty_layer = edited_copy(dir, good, "empty-layer", [](hid_t f) {
+    ASSERT_GE(H5Ldelete(f, "/pos_0/layer_1/att", H5P_DEFAULT), 0);
+  });
+  expect_error([&] { TraceReader r(empty_layer); }, {empty_layer, "/pos_0/layer_1", "an empty group"});
+  const std::string empty_cache = edited_copy(dir, good, "empty-cache", [](hid_t f) {
+    const Id g(H5Gcreate2(f, "/cache", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    ASSERT_GE(g.id, 0);
+  });
+  expect_error([&] { TraceReader r(empty_cache, TraceKind::capture); }, {empty_cache, "/cache", "an empty group"});
+
+  // An order that is not its stage's would reorder the rows, and so move the first divergence.
+  const Id scalar(H5Screate(H5S_SCALAR), H5Sclose);
+  for (const int32_t order : {99, -1, execution_order(c, 0, Stage::attn_norm)}) {
+    const std::string path = dir.file(fmt::format("order{}.h5", order));
+    fs::copy_file(good, path);
+    replace_attr(path, "/pos_0/layer_0/qkv", "order", H5T_STD_I32LE, scalar, &order);
+    expect_error([&] { TraceReader r(path); },
+                 {path, "/pos_0/layer_0/qkv", fmt::format("order={}", order),
+                  fmt::format("runs as number {}", execution_order(c, 0, Stage::qkv))});
+  }
+
+  // A layout must be one of the port layouts of its stage.
+  int layout_files = 0;
+  for (const auto& [ds, layout, says] :
+       {std::tuple{"/pos_0/layer_0/qkv", "NO_SINK", "not a layout of stage qkv"},
+        std::tuple{"/pos_0/layer_1/att", "NO_SINK|JUNK", "\"JUNK\" is not a layout of stage att"},
+        std::tuple{"/pos_0/layer_1/att", "SINK_FIRST|NO_SINK", "exclude each other"},
+        std::tuple{"/pos_0/layer_1/att", "NO_SINK|NO_SINK", "named twice"},
+        std::tuple{"/pos_0/layer_1/att", "", "not a layout"}}) {
+    const std::string path = dir.file(fmt::format("layout{}.h5", layout_files++));
+    fs::copy_file(good, path);
+    const std::string text = layout;
+    replace_attr(path, ds, "layout", string_type(text.size() + 1), scalar, text.c_str());
+    expect_error([&] { TraceReader r(path); }, {path, ds, "layout", says});
+  }
+}
 
 }  // namespace
 }  // namespace parity

@@ -20,6 +20,7 @@
 #include "model/untrusted.h"
 #include "reference/cpu_backend.h"
 #include "tools/version.h"
+#include "tracer/report.h"
 #ifdef PARITY_HAVE_DEVICE
 #include "device/hip_backend.h"
 #endif
@@ -188,6 +189,33 @@ void write_file_atomically(const std::string& path, std::string_view text) {
   }
   fs::rename(tmp, path, ec);
   if (ec) give_up(fmt::format("cannot move {} into place ({})", tmp, ec.message()));
+}
+
+void require_output_file_destination(const std::string& path, std::string_view option) {
+  if (path.empty()) fail("{}: an empty file name", option);
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st)) {
+    if (fs::is_directory(st)) fail("{} {}: is a directory; give a file name to write to", option, path);
+    if (!fs::is_regular_file(st))
+      fail("{} {}: exists and is not a regular file; not replacing it", option, path);
+    return;
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) return;  // the current directory
+  const fs::file_status dir = fs::status(parent, ec);
+  if (!fs::exists(dir)) fail("{} {}: no directory {} to write it in", option, path, parent.string());
+  if (!fs::is_directory(dir)) fail("{} {}: {} is not a directory", option, path, parent.string());
+}
+
+void write_junit_error_file(const std::string& path, const char* tool, const Error& error) {
+  try {
+    write_file_atomically(path, junit_error(tool, fmt::format("{}: error: {}", tool,
+                                                              one_line(error.what(), 2000))));
+  } catch (const Error& junit) {
+    throw Error(fmt::format("{} (and the JUnit file could not be written: {})", error.what(),
+                            junit.what()));
+  }
 }
 
 TraceMeta trace_meta(const Backend& backend, const Model& model) {

@@ -9,6 +9,7 @@
 
 #include "model/backend.h"
 #include "model/checkpoint.h"
+#include "model/error.h"
 #include "model/lockstep.h"
 #include "tracer/differ.h"
 #include "tracer/trace_file.h"
@@ -57,6 +58,16 @@ std::string default_golden_dir();
 // renamed into place. Refuses a path that exists and is not a regular file (a directory, a
 // device node); on any failure the temporary file is removed and the error names the path.
 void write_file_atomically(const std::string& path, std::string_view text);
+
+// For an output file named by `option` (--junit FILE, -o FILE), before any work: refuses a path
+// whose directory does not exist or is not a directory, and a path that is a directory or another
+// file that is not regular, so that a run never ends in an error about where its report goes.
+void require_output_file_destination(const std::string& path, std::string_view option);
+
+// The JUnit file of a run that failed with `error`: one error testcase with the tool's error line.
+// When that file cannot be written either, throws one Error with the run's own error first and
+// the JUnit failure after it, so that the real error is still what the user reads.
+void write_junit_error_file(const std::string& path, const char* tool, const Error& error);
 
 // A trace's metadata from the backend that writes it and the model it runs: backend name,
 // precision (text and policy), config, checkpoint fingerprint, model directory, device facts,

@@ -56,6 +56,11 @@ int diff_main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json", "junit", "html"}));
   app.add_option("-o,--output", output, "write the report to FILE (default: standard output)");
   app.add_flag("-q,--quiet", quiet, "print only the verdict line");
+  bool across_runs = false;
+  app.add_flag("--across-runs", across_runs,
+               "compare traces of two runs (two machines, two days) of the same model, checkpoint "
+               "and tokens; without it, traces of different runs are refused (one left beside "
+               "another by an interrupted run). Two traces of one directory are refused even so");
   app.add_option("-n,--count", count, "mismatching elements listed per dataset")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000000));
@@ -71,6 +76,9 @@ int diff_main(int argc, char** argv) {
   if (!precision.empty()) criterion.policy = PrecisionPolicy::preset(precision);
   const DiffSelection selection = selection_from_flags(sel);
   const ReportFormat format = parse_report_format(report);
+  // Before any work: a report that cannot be written is found now, and never hides the error
+  // a JUnit report was asked to carry.
+  if (!output.empty()) require_output_file_destination(output, "--output");
 
   // A JUnit report asked for is written even when the diff cannot run (an unreadable trace, a
   // mismatched pair): one error testcase with the error line, so CI shows why.
@@ -79,6 +87,7 @@ int diff_main(int argc, char** argv) {
     DiffOptions options;
     options.max_listed = size_t(count);
     options.selection = selection;
+    options.across_runs = across_runs;
     return diff_traces(a, b, criterion, options);
   };
   DiffResult result;
@@ -86,8 +95,7 @@ int diff_main(int argc, char** argv) {
     result = diff();
   } catch (const Error& e) {
     if (format == ReportFormat::Junit && !output.empty())
-      write_file_atomically(output, junit_error("parity-diff", std::string("parity-diff: error: ") +
-                                                                   one_line(e.what(), 2000)));
+      write_junit_error_file(output, "parity-diff", e);
     throw;
   }
   const TextReportOptions text_options{size_t(count), quiet};

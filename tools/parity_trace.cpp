@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include "model/error.h"
@@ -21,7 +22,9 @@
 #include "model/untrusted.h"
 #include "tools/common.h"
 #include "tools/version.h"
+#include "tracer/capture_check.h"
 #include "tracer/differ.h"
+#include "tracer/escape.h"
 #include "tracer/profiles.h"
 #include "tracer/report.h"
 #include "tracer/trace_file.h"
@@ -58,12 +61,12 @@ std::string timing_text(const std::vector<Phase>& phases) {
 void write_reports(const fs::path& out, const DiffResult& result, const std::vector<Phase>& phases,
                    const std::string& extra, const nlohmann::json& json_extra,
                    const std::string& junit_path) {
-  write_file_atomically((out / "report.txt").string(), report_text(result) + extra);
+  write_file_atomically((out / "report.txt").string(), report_text(result) + printable_text(extra));
   nlohmann::json j = report_json(result);
   j["timing_seconds"] = nlohmann::json::object();
   for (const auto& p : phases) j["timing_seconds"][p.name] = p.seconds;
   for (const auto& [key, value] : json_extra.items()) j[key] = value;
-  write_file_atomically((out / "report.json").string(), j.dump(2) + "\n");
+  write_file_atomically((out / "report.json").string(), json_text(j, 2) + "\n");
   write_file_atomically((out / "report.xml").string(), report_junit(result));
   write_file_atomically((out / "report.html").string(), report_html(result));
   if (!junit_path.empty()) write_file_atomically(junit_path, report_junit(result));
@@ -78,6 +81,10 @@ std::string candidate_line(const Backend& cand) {
                               value.is_string() ? value.get<std::string>() : value.dump());
   return "candidate: " + cand.name() + (facts_line.empty() ? "" : " (" + facts_line + ")") + "\n";
 }
+
+// Text that came from a file or an argument (a capture's backend, a path), for the report text
+// and the terminal: escaped as the reports escape it.
+std::string shown(std::string_view untrusted) { return printable_text(untrusted); }
 
 // The output directory belongs to one run at a time: two runs into one --out would read each
 // other's traces. An advisory lock on DIR/.parity-trace.lock, held until the process ends.
@@ -106,6 +113,47 @@ class OutputLock {
   int fd_ = -1;
 };
 
+// The files one run writes into --out (its traces and reports): those of an earlier run are
+// removed when the run starts, so that nothing of it sits beside the new ones, and this run's
+// are removed again unless it completes (keep()), so that an error leaves no half of a run;
+// the directory too when the run created it and nothing else is in it. Other files in --out are
+// never touched.
+class RunOutputs {
+ public:
+  RunOutputs(const std::string& out, std::vector<std::string> names)
+      : dir_(out), names_(std::move(names)) {
+    std::error_code ec;
+    created_ = !fs::exists(dir_, ec);
+    fs::create_directories(dir_);
+    lock_.emplace(dir_);
+    for (const std::string& n : names_) fs::remove(dir_ / n);
+  }
+  RunOutputs(const RunOutputs&) = delete;
+  RunOutputs& operator=(const RunOutputs&) = delete;
+  ~RunOutputs() {
+    if (kept_) return;
+    std::error_code ec;
+    for (const std::string& n : names_) fs::remove(dir_ / n, ec);
+    lock_.reset();
+    if (created_) fs::remove(dir_, ec);  // only when empty
+  }
+  fs::path path(const std::string& name) const { return dir_ / name; }
+  void keep() { kept_ = true; }
+
+ private:
+  fs::path dir_;
+  std::vector<std::string> names_;
+  bool created_ = false, kept_ = false;
+  std::optional<OutputLock> lock_;
+};
+
+const std::vector<std::string> kReports = {"report.txt", "report.json", "report.xml", "report.html"};
+
+std::vector<std::string> with_reports(std::vector<std::string> traces) {
+  traces.insert(traces.end(), kReports.begin(), kReports.end());
+  return traces;
+}
+
 // parity-trace --candidate-trace FILE: the reference on the capture's tokens and, from the
 // capture's own inputs, every stage it recorded (model/recompute.h); then the diff, each stage
 // judged by its local error where the capture holds its inputs.
@@ -120,71 +168,20 @@ int trace_capture(const TraceReader& capture, const std::string& model,
   auto m = Model::load(resolve_model(model, models_dir));
   const Config& c = m->config;
   phases.push_back({"load", since(t0)});
-  // The capture must be of this model: its config, its checkpoint, positions 0..n-1.
-  const nlohmann::json want = c.to_json(), got = capture.config().to_json();
-  if (want != got) {
-    std::string what = "config differs";
-    for (const auto& [k, v] : want.items())
-      if (!got.contains(k) || got[k] != v) {
-        what = fmt::format("config field {}: {} in the capture, {} in {}", k,
-                           got.contains(k) ? json_excerpt(got[k]) : "(absent)", json_excerpt(v),
-                           m->dir);
-        break;
-      }
-    fail("{}: a capture of another model than {} ({})", capture_path, m->dir, what);
-  }
-  if (!cm.fingerprint.empty() && cm.fingerprint != m->fingerprint)
-    fail("{}: a capture of another checkpoint (fingerprint {}) than {} ({})", capture_path,
-         cm.fingerprint, m->dir, m->fingerprint);
+  // Everything about the capture is checked before anything is written.
+  const CaptureCheck check = check_capture(capture, *m, tokens_given ? &tokens_flag : nullptr);
   const std::vector<int32_t>& tokens = cm.tokens;
-  if (tokens.empty())
-    fail("{}: the capture records no tokens (attribute \"tokens\" of /)", capture_path);
-  if (!cm.positions.empty()) {
-    if (cm.positions.size() != tokens.size())
-      fail("{}: {} positions for {} tokens", capture_path, cm.positions.size(), tokens.size());
-    for (size_t i = 0; i < cm.positions.size(); ++i)
-      if (cm.positions[i] != int32_t(i))
-        fail("{}: token {} is at position {}; a capture holds positions 0, 1, ... in order",
-             capture_path, i, cm.positions[i]);
-  }
-  if (int64_t(tokens.size()) > c.max_position_embeddings)
-    fail("{}: {} tokens, past the context of {} ({} positions)", capture_path, tokens.size(),
-         m->dir, c.max_position_embeddings);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
-      fail("{}: token id {} at position {} is out of range for {} (vocabulary 0..{})", capture_path,
-           tokens[i], i, m->dir, c.vocab_size - 1);
-  if (tokens_given && tokens_flag != tokens) {
-    size_t i = 0;
-    while (i < tokens_flag.size() && i < tokens.size() && tokens_flag[i] == tokens[i]) ++i;
-    fail("{}: captured on other tokens than --tokens (position {}: {} in the capture, {} given)",
-         capture_path, i, i < tokens.size() ? std::to_string(tokens[i]) : "none",
-         i < tokens_flag.size() ? std::to_string(tokens_flag[i]) : "none");
-  }
-  std::set<int> positions;
-  const int cached = capture.cache_length();
-  for (const auto& e : capture.entries()) {
-    if (size_t(e.key.position) >= tokens.size())
-      fail("{}: {} is at position {}, but the capture has {} tokens", capture_path, e.path,
-           e.key.position, tokens.size());
-    if (e.key.position < cached)
-      fail("{}: {} lies inside the capture's KV-cache prefix (positions 0..{}): a position has "
-           "stage rows or cache rows, not both",
-           capture_path, e.path, cached - 1);
-    positions.insert(e.key.position);
-  }
-  if (positions.empty())
-    fail("{}: the capture holds no stage rows; nothing to compare", capture_path);
 
-  fs::create_directories(out);
-  const OutputLock lock(out);
-  const fs::path ref_path = fs::path(out) / "reference.h5";
-  std::error_code ec;
-  if (fs::exists(ref_path, ec) && fs::equivalent(ref_path, capture_path, ec))
-    fail("{}: the capture would be overwritten by the reference trace; give another --out",
-         capture_path);
-  for (const char* f : {"report.txt", "report.json", "report.xml", "report.html", "reference.h5"})
-    fs::remove(fs::path(out) / f);
+  const std::vector<std::string> outputs = with_reports({"reference.h5"});
+  for (const std::string& name : outputs) {
+    std::error_code ec;
+    const fs::path p = fs::path(out) / name;
+    if (fs::exists(p, ec) && fs::equivalent(p, capture_path, ec))
+      fail("{}: the capture would be overwritten by {}; give another --out", capture_path,
+           p.string());
+  }
+  RunOutputs files(out, outputs);
+  const fs::path ref_path = files.path("reference.h5");
 
   t0 = std::chrono::steady_clock::now();
   auto reference = make_backend("reference", *m);
@@ -194,7 +191,7 @@ int trace_capture(const TraceReader& capture, const std::string& model,
       criterion.policy.value_or(cm.precision_policy.value_or(PrecisionPolicy::float32(4)));
   // A capture with KV-cache rows of positions 0..n-1 (/cache): the reference takes them as its
   // cache and runs from n on, recomputed rows only (long positions at the cost of one).
-  const int prefix = cached;
+  const int prefix = check.cached;
   nlohmann::json run_facts = {{"candidate_trace", capture_path}, {"step_rows", step_rows}};
   if (prefix > 0) {
     t0 = std::chrono::steady_clock::now();
@@ -237,15 +234,16 @@ int trace_capture(const TraceReader& capture, const std::string& model,
                  {"candidate_trace", capture_path},
                  {"tokens", tokens}},
                 junit_path);
+  files.keep();
   const fs::path dir(out);
   std::cout << verdict_line(result) << "\n"
-            << extra
-            << fmt::format(
+            << shown(extra)
+            << shown(fmt::format(
                    "traces: {} (capture), {} (reference)\nreports: {} (text), {} (JSON), {} "
                    "(JUnit), {} (HTML)\n",
                    capture_path, ref_path.string(), (dir / "report.txt").string(),
                    (dir / "report.json").string(), (dir / "report.xml").string(),
-                   (dir / "report.html").string());
+                   (dir / "report.html").string()));
   return result.diverged() ? kExitDiverged : kExitOk;
 }
 
@@ -258,12 +256,8 @@ int trace_skipping_prefix(const Model& m, Backend& cand, const std::vector<int32
                           const std::string& out, const std::string& junit_path,
                           std::vector<Phase> phases) {
   const int pos = int(prompt.size()) - 1;
-  fs::create_directories(out);
-  const OutputLock lock(out);
-  const fs::path ref_path = fs::path(out) / "reference.h5", cand_path = fs::path(out) / "candidate.h5";
-  for (const char* f : {"report.txt", "report.json", "report.xml", "report.html", "reference.h5",
-                        "candidate.h5"})
-    fs::remove(fs::path(out) / f);
+  RunOutputs files(out, with_reports({"reference.h5", "candidate.h5"}));
+  const fs::path ref_path = files.path("reference.h5"), cand_path = files.path("candidate.h5");
   const nlohmann::json run_facts = {
       {"replay", false},
       {"step_rows", step_rows},
@@ -330,9 +324,10 @@ int trace_skipping_prefix(const Model& m, Backend& cand, const std::vector<int32
                                {"position", pos}};
   if (inj) json_extra["injected_fault"] = inj->str();
   write_reports(out, result, phases, extra, json_extra, junit_path);
+  files.keep();
   const fs::path dir(out);
   std::cout << verdict_line(result) << "\n"
-            << extra
+            << shown(extra)
             << fmt::format("traces: {}, {}\nreports: {} (text), {} (JSON), {} (JUnit), {} (HTML)\n",
                            ref_path.string(), cand_path.string(), (dir / "report.txt").string(),
                            (dir / "report.json").string(), (dir / "report.xml").string(),
@@ -408,6 +403,11 @@ int trace_main(int argc, char** argv) {
                  "also write the JUnit report to FILE; on an error, a JUnit file whose one "
                  "testcase carries the error line");
   if (const auto done = parse_command_line(app, "parity-trace", argc, argv)) return *done;
+  // Before any work: a JUnit file that cannot be written is found now, not after the run (one
+  // in --out itself, which the run creates, is written there).
+  if (!junit_path.empty() &&
+      fs::path(junit_path).parent_path().lexically_normal() != fs::path(out).lexically_normal())
+    require_output_file_destination(junit_path, "--junit");
   // Everything after the command line runs here, so that an error can still leave the JUnit
   // file asked for, with the error line in it.
   const auto run = [&]() -> int {
@@ -416,7 +416,8 @@ int trace_main(int argc, char** argv) {
            {"--candidate", "--inject", "--generate", "--free-run", "--no-replay"})
         if (app.get_option(flag)->count() > 0)
           fail("{} does not apply to --candidate-trace (the capture is the candidate)", flag);
-      const TraceReader capture(candidate_trace);  // refuses a truncated or foreign file, naming it
+      // Refuses a truncated or foreign file, or one that is not a capture, naming it.
+      const TraceReader capture(candidate_trace, TraceKind::capture);
       Criterion criterion = criterion_from_flags(cf);
       if (!precision.empty()) criterion.policy = PrecisionPolicy::preset(precision);
       return trace_capture(capture, model, models_dir, tokens, o_tokens->count() > 0, criterion,
@@ -509,15 +510,10 @@ int trace_main(int argc, char** argv) {
     phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
     check_lockstep(lo, *reference, *cand);
 
-    fs::create_directories(out);
-    const OutputLock lock(out);
-    const fs::path ref_path = fs::path(out) / "reference.h5",
-                   cand_path = fs::path(out) / "candidate.h5";
-    // Nothing of an earlier run may sit beside the new one: a run that dies half way must not
-    // leave a new reference beside an old candidate, nor a report of other traces.
-    for (const char* f : {"report.txt", "report.json", "report.xml", "report.html", "reference.h5",
-                          "candidate.h5"})
-      fs::remove(fs::path(out) / f);
+    // Nothing of an earlier run may sit beside the new one, and a run that dies half way
+    // leaves nothing of itself.
+    RunOutputs files(out, with_reports({"reference.h5", "candidate.h5"}));
+    const fs::path ref_path = files.path("reference.h5"), cand_path = files.path("candidate.h5");
 
     const nlohmann::json run_facts = {{"replay", lo.replay},
                                       {"generate", lo.generate},
@@ -557,8 +553,9 @@ int trace_main(int argc, char** argv) {
                                  {"generated", generated_json}};
     if (inj) json_extra["injected_fault"] = inj->str();
     write_reports(out, result, phases, extra, json_extra, junit_path);
+    files.keep();
 
-    std::cout << verdict_line(result) << "\n" << extra;
+    std::cout << verdict_line(result) << "\n" << shown(extra);
     const fs::path dir(out);
     std::cout << fmt::format(
         "traces: {}, {}\nreports: {} (text), {} (JSON), {} (JUnit), {} (HTML)\n"
@@ -572,9 +569,7 @@ int trace_main(int argc, char** argv) {
   try {
     return run();
   } catch (const Error& e) {
-    if (!junit_path.empty())
-      write_file_atomically(junit_path, junit_error("parity-trace", std::string("parity-trace: error: ") +
-                                                                    one_line(e.what(), 2000)));
+    if (!junit_path.empty()) write_junit_error_file(junit_path, "parity-trace", e);
     throw;
   }
 }

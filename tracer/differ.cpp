@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <filesystem>
 #include <fmt/ranges.h>
 #include <cmath>
 #include <limits>
@@ -16,9 +17,11 @@
 #include "model/error.h"
 #include "model/recompute.h"
 #include "model/untrusted.h"
+#include "tracer/escape.h"
 
 namespace parity {
 namespace {
+namespace fs = std::filesystem;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -40,19 +43,35 @@ void note_mismatch(ValueComparison& v, const ElementMismatch& m, size_t max_list
 
 std::string json_value_text(const nlohmann::json& j) {
   if (j.is_null()) return "(absent)";
-  std::string s = j.dump();
+  std::string s = json_text(j);
   return s.size() > 80 ? s.substr(0, 77) + "..." : s;
 }
 
-// Refuses to compare traces of different runs, models, checkpoints or token sequences.
-void check_same_model(const TraceReader& a, const TraceReader& b) {
+bool in_one_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const fs::path da = fs::absolute(a, ec).parent_path(), db = fs::absolute(b, ec).parent_path();
+  return fs::equivalent(da, db, ec);
+}
+
+// Refuses to compare traces of different runs (unless across_runs), models, checkpoints or
+// token sequences.
+void check_same_model(const TraceReader& a, const TraceReader& b, bool across_runs) {
   const TraceMeta &ma = a.meta(), &mb = b.meta();
   // First: a run killed before it wrote its candidate leaves its new reference beside the
-  // previous run's candidate, and those may well agree on everything below.
-  if (!ma.run_id.empty() && !mb.run_id.empty() && ma.run_id != mb.run_id)
-    fail("{} and {} come from different runs (run_id {} vs {}): one was left by an earlier or "
-         "interrupted run; trace again",
-         a.path(), b.path(), ma.run_id, mb.run_id);
+  // previous run's candidate, and those may well agree on everything below. Two runs kept apart
+  // (two machines, two days) are compared when asked for.
+  if (!ma.run_id.empty() && !mb.run_id.empty() && ma.run_id != mb.run_id) {
+    if (in_one_directory(a.path(), b.path()))
+      fail("{} and {} come from different runs (run_id {} vs {}) but lie in one directory: one "
+           "was left by an earlier or interrupted run; trace again (to compare two runs on "
+           "purpose, keep each run's traces in a directory of its own and give --across-runs)",
+           a.path(), b.path(), ma.run_id, mb.run_id);
+    if (!across_runs)
+      fail("{} and {} come from different runs (run_id {} vs {}): to compare two runs of the "
+           "same model, checkpoint and tokens (two machines, two days), give --across-runs; "
+           "else trace again",
+           a.path(), b.path(), ma.run_id, mb.run_id);
+  }
   // Traces written by other writers (a capture from Python records the checkpoint's config.json
   // as it is) may spell the same config otherwise: what decides is the config they mean.
   const nlohmann::json ca = a.config().to_json(), cb = b.config().to_json();
@@ -882,7 +901,7 @@ void precision_warnings(const TraceReader& a, const TraceReader& b, DiffResult& 
 
 DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criterion& criterion,
                        const DiffOptions& options) {
-  check_same_model(a, b);
+  check_same_model(a, b, options.across_runs);
   const Config config = Config::from_json(b.meta().config, b.path() + " (config)");
   DiffResult result;
   result.a = {a.path(), a.meta().backend, a.meta().precision};

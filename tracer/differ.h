@@ -265,14 +265,18 @@ struct DiffOptions {
   // A is a capture of a user's port: B's datasets that A lacks are not captured, not missing.
   // Also when A's run attribute holds "capture" (what the capture writers record).
   bool capture = false;
+  // A and B may come from different runs (their run_id differs): the same model, checkpoint and
+  // tokens traced on two machines or two days. Two traces of one directory are still refused:
+  // there, different runs are a trace left by an interrupted run beside a new one.
+  bool across_runs = false;
 };
 
 // Whether a trace was written by a port through the capture API (its run attribute says so).
 bool is_capture(const TraceMeta& meta);
 
-// Throws parity::Error naming both files when the traces are of different models (config or
-// checkpoint fingerprint differ) or of different tokens at the same position, or when a derived
-// bound needs reference data B lacks.
+// Throws parity::Error naming both files when the traces are of different runs (unless
+// options.across_runs), of different models (config or checkpoint fingerprint differ) or of
+// different tokens at the same position, or when a derived bound needs reference data B lacks.
 DiffResult diff_traces(const TraceReader& a, const TraceReader& b, const Criterion& criterion,
                        const DiffOptions& options = {});
 

@@ -9,6 +9,7 @@
 
 #include "model/error.h"
 #include "model/untrusted.h"
+#include "tracer/escape.h"
 
 namespace parity {
 namespace {
@@ -122,26 +123,6 @@ std::string failure_summary(const DiffResult& r, const DatasetDiff& d) {
 std::string line(std::string text) {
   while (!text.empty() && text.back() == ' ') text.pop_back();
   return text + "\n";
-}
-
-std::string xml_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        // Control characters other than tab and newline are not allowed in XML 1.0.
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r')
-          out += ' ';
-        else
-          out += c;
-    }
-  }
-  return out;
 }
 
 size_t accumulated_fallbacks(const DiffResult& r) {
@@ -463,8 +444,8 @@ std::string heatmap(const DiffResult& r, bool accumulated, Columns by) {
       if (!std::isnan(worst.amplification))
         title += fmt::format("; amplification {}", num(worst.amplification));
       out += fmt::format("<td class=\"{}{}\" title=\"{}\">{}</td>", cell_class(c),
-                         c.first && !accumulated ? " first" : "", xml_escape(title),
-                         xml_escape(cell_label(c, accumulated)));
+                         c.first && !accumulated ? " first" : "", markup_text(title),
+                         markup_text(cell_label(c, accumulated)));
     }
     out += "</tr>\n";
   }
@@ -475,7 +456,8 @@ std::string heatmap(const DiffResult& r, bool accumulated, Columns by) {
 
 // ---- public -------------------------------------------------------------------------------------
 
-std::string verdict_line(const DiffResult& r) {
+namespace {
+std::string verdict_text(const DiffResult& r) {
   const size_t n = r.datasets.size() - r.not_captured - r.unjudged;
   std::string not_captured =
       r.not_captured == 0 ? std::string()
@@ -544,6 +526,9 @@ std::string verdict_line(const DiffResult& r) {
   return fmt::format("DIVERGED: {} of {} datasets differ {}; first divergence at {}: {}{}",
                      r.failed_datasets(), n, how, where, what, not_captured);
 }
+}  // namespace
+
+std::string verdict_line(const DiffResult& r) { return printable_text(verdict_text(r)); }
 
 namespace {
 // Per stage, over every position and layer: datasets, failures, the largest local and accumulated
@@ -614,7 +599,7 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
                      r.criterion.describe());
   out += judged_text(r) + "\n";
   if (r.criterion.kind == Criterion::Kind::derived)
-    out += fmt::format("precision of A: {}\n", r.policy.to_json().dump());
+    out += fmt::format("precision of A: {}\n", json_text(r.policy.to_json()));
   for (const std::string& w : r.warnings) out += "warning: " + w + "\n";
   out += "\n";
   const DatasetDiff* culprit = nullptr;
@@ -661,7 +646,8 @@ std::string report_text(const DiffResult& r, const TextReportOptions& options) {
                        r.datasets.size());
   }
   out += "\n" + verdict_line(r) + "\n";
-  return out;
+  // Every byte of the traces' attributes and the files' names the report quotes, escaped once.
+  return printable_text(out);
 }
 
 namespace {
@@ -782,14 +768,6 @@ json report_json(const DiffResult& r) {
 }
 
 namespace {
-// XML 1.0 allows no control characters but tab and newline; pugixml escapes the rest.
-std::string xml_text(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') c = ' ';
-  return out;
-}
-
 std::string xml_document_text(const pugi::xml_document& doc) {
   std::ostringstream out;
   doc.save(out, "  ", pugi::format_default, pugi::encoding_utf8);
@@ -833,7 +811,7 @@ std::string report_junit(const DiffResult& r) {
   suites.append_attribute("failures") = failures;
   suites.append_attribute("errors") = 0;
   pugi::xml_node suite = suites.append_child("testsuite");
-  suite.append_attribute("name") = xml_text(fmt::format("parity-diff {} vs {}", r.a.file, r.b.file)).c_str();
+  suite.append_attribute("name") = printable_text(fmt::format("parity-diff {} vs {}", r.a.file, r.b.file)).c_str();
   suite.append_attribute("tests") = kNumStages;
   suite.append_attribute("failures") = failures;
   suite.append_attribute("errors") = 0;
@@ -847,7 +825,7 @@ std::string report_junit(const DiffResult& r) {
                                  {"verdict", verdict_line(r)}}) {
     pugi::xml_node p = props.append_child("property");
     p.append_attribute("name") = key.c_str();
-    p.append_attribute("value") = xml_text(val).c_str();
+    p.append_attribute("value") = printable_text(val).c_str();
   }
   for (const auto& s : kStages) {
     pugi::xml_node tc = suite.append_child("testcase");
@@ -875,8 +853,8 @@ std::string report_junit(const DiffResult& r) {
     for (const DatasetDiff* d : c.failures) details += failure_summary(r, *d) + "\n";
     pugi::xml_node f = tc.append_child("failure");
     f.append_attribute("type") = "diverged";
-    f.append_attribute("message") = xml_text(message).c_str();
-    f.append_child(pugi::node_pcdata).set_value(xml_text(details).c_str());
+    f.append_attribute("message") = printable_text(message).c_str();
+    f.append_child(pugi::node_pcdata).set_value(printable_text(details).c_str());
   }
   return xml_document_text(doc);
 }
@@ -901,35 +879,35 @@ std::string junit_error(std::string_view tool, std::string_view message) {
   tc.append_attribute("time") = 0;
   pugi::xml_node e = tc.append_child("error");
   e.append_attribute("type") = "error";
-  e.append_attribute("message") = xml_text(message).c_str();
+  e.append_attribute("message") = printable_text(message).c_str();
   return xml_document_text(doc);
 }
 
 std::string report_html(const DiffResult& r) {
   std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
   out += fmt::format("<title>parity-diff: {} vs {}</title>\n<style>{}</style>\n</head>\n<body>\n",
-                     xml_escape(r.a.file), xml_escape(r.b.file), kHtmlStyle);
+                     markup_text(r.a.file), markup_text(r.b.file), kHtmlStyle);
   out += "<h1>parity-diff</h1>\n";
   out += fmt::format("<p class=\"verdict {}\">{}</p>\n", r.diverged() ? "diverged" : "pass",
-                     xml_escape(verdict_line(r)));
+                     markup_text(verdict_line(r)));
   out += "<table class=\"meta\">\n";
-  out += fmt::format("<tr><th>A (candidate)</th><td>{}</td></tr>\n", xml_escape(side_text(r.a)));
-  out += fmt::format("<tr><th>B (reference)</th><td>{}</td></tr>\n", xml_escape(side_text(r.b)));
+  out += fmt::format("<tr><th>A (candidate)</th><td>{}</td></tr>\n", markup_text(side_text(r.a)));
+  out += fmt::format("<tr><th>B (reference)</th><td>{}</td></tr>\n", markup_text(side_text(r.b)));
   out += fmt::format("<tr><th>criterion</th><td>{}; an element differs when |A &minus; B| &gt; "
                      "its bound</td></tr>\n",
-                     xml_escape(r.criterion.describe()));
-  out += fmt::format("<tr><th>judged</th><td>{}</td></tr>\n", xml_escape(judged_text(r)));
+                     markup_text(r.criterion.describe()));
+  out += fmt::format("<tr><th>judged</th><td>{}</td></tr>\n", markup_text(judged_text(r)));
   out += fmt::format("<tr><th>datasets</th><td>{} compared, {} differ</td></tr>\n",
                      r.datasets.size() - r.not_captured - r.unjudged, r.failed_datasets());
   if (r.not_captured > 0)
     out += fmt::format("<tr><th>not captured</th><td>{} datasets: {}</td></tr>\n", r.not_captured,
-                       xml_escape(r.not_captured_stages()));
+                       markup_text(r.not_captured_stages()));
   if (r.first_drift_path)
     out += fmt::format("<tr><th>drift</th><td>the accumulated error first exceeds the criterion at "
                        "{}</td></tr>\n",
-                       xml_escape(*r.first_drift_path));
+                       markup_text(*r.first_drift_path));
   for (const std::string& w : r.warnings)
-    out += fmt::format("<tr><th>warning</th><td>{}</td></tr>\n", xml_escape(w));
+    out += fmt::format("<tr><th>warning</th><td>{}</td></tr>\n", markup_text(w));
   out += "</table>\n";
 
   out += "<h2>Error heatmaps</h2>\n<p>Each cell: the largest share of the bound used over all "
@@ -973,7 +951,7 @@ std::string report_html(const DiffResult& r) {
                          d.key.position,
                          d.key.layer == kModelLayer ? "model" : std::to_string(d.key.layer),
                          name(d.key.stage), status_name(d.status),
-                         xml_escape(failure_summary(r, d)));
+                         markup_text(failure_summary(r, d)));
     }
     out += "</table>\n";
     if (r.failed_datasets() > kMaxListed)
@@ -996,7 +974,7 @@ std::string render_report(const DiffResult& r, ReportFormat format,
                           const TextReportOptions& text_options) {
   switch (format) {
     case ReportFormat::Text: return report_text(r, text_options);
-    case ReportFormat::Json: return report_json(r).dump(2) + "\n";
+    case ReportFormat::Json: return json_text(report_json(r), 2) + "\n";
     case ReportFormat::Junit: return report_junit(r);
     case ReportFormat::Html: return report_html(r);
   }

@@ -29,6 +29,7 @@
 
 #include "model/error.h"
 #include "model/untrusted.h"
+#include "tracer/escape.h"
 
 namespace parity {
 namespace {
@@ -67,11 +68,27 @@ herr_t keep_innermost(unsigned n, const H5E_error2_t* err, void* out) {
   return 0;
 }
 
+// HDF5's I/O errors (its sec2 driver) say what failed, then the time, the file, the descriptor,
+// errno, the buffer and sizes, among them a -1 printed unsigned ("bytes actually written =
+// 18446744073709551615"): what the user can act on is errno's text, so the message is cut to
+// "file write failed: No space left on device". "" when `message` is not such an error.
+std::string io_error(std::string_view message) {
+  const size_t at = message.find("errno = ");
+  const size_t colon = message.find(':');
+  if (at == std::string_view::npos || colon == std::string_view::npos || colon > at) return "";
+  int err = 0;
+  const char* digits = message.data() + at + 8;
+  const auto [end, ec] = std::from_chars(digits, message.data() + message.size(), err);
+  if (ec != std::errc() || end == digits || err <= 0) return "";
+  return fmt::format("{}: {}", message.substr(0, colon), std::strerror(err));
+}
+
 // HDF5's message on one line: its I/O errors embed ctime()'s newline and the file name.
 std::string hdf5_error() {
   std::string innermost;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, &innermost);
   H5Eclear2(H5E_DEFAULT);
+  if (std::string io = io_error(innermost); !io.empty()) innermost = std::move(io);
   std::string line;
   for (char c : innermost) {
     const bool printable_ascii = c >= 0x20 && c < 0x7f;
@@ -157,6 +174,43 @@ Config trace_config(const nlohmann::json& j, const std::string& file) {
   } catch (const nlohmann::json::exception& e) {
     fail("{}: the trace's config is not a gpt-oss config ({})", file, printable(e.what(), 200));
   }
+}
+
+// The layouts a port may declare for a stage's row (capture/parity_capture.h), as the "layout"
+// attribute spells them: names joined by '|'. The differ reads NO_SINK of an att row.
+bool layout_applies(std::string_view name, Stage s) {
+  switch (s) {
+    case Stage::qkv:
+      return name == "ROPE_INTERLEAVED" || name == "QKV_Q" || name == "QKV_K" || name == "QKV_V";
+    case Stage::q_rope:
+    case Stage::k_rope:
+      return name == "ROPE_INTERLEAVED";
+    case Stage::scores:
+      return name == "SINK_FIRST";
+    case Stage::att:
+      return name == "SINK_FIRST" || name == "NO_SINK";
+    case Stage::mlp1:
+      return name == "GATE_UP_HALVES";
+    default:
+      return false;
+  }
+}
+
+// Why `layout` is not a layout of stage `s` ("" when it is one).
+std::string layout_problem(std::string_view layout, Stage s) {
+  std::set<std::string_view> seen;
+  for (size_t start = 0;;) {
+    const size_t bar = layout.find('|', start);
+    const std::string_view part = layout.substr(start, bar == std::string_view::npos ? layout.npos : bar - start);
+    if (!layout_applies(part, s))
+      return fmt::format("{} is not a layout of stage {}", quoted(part, 40), name(s));
+    if (!seen.insert(part).second) return fmt::format("{} is named twice", quoted(part, 40));
+    if (bar == std::string_view::npos) break;
+    start = bar + 1;
+  }
+  if (seen.contains("SINK_FIRST") && seen.contains("NO_SINK"))
+    return "SINK_FIRST and NO_SINK exclude each other";
+  return "";
 }
 
 // ---- variable-length strings -------------------------------------------------------------
@@ -696,15 +750,15 @@ TraceWriter::TraceWriter(std::string path, TraceMeta meta, std::set<int> positio
     w.write_int_attr(r, "format_version", kTraceFormatVersion, "/");
     w.write_string_attr(r, "backend", meta.backend, "/");
     w.write_string_attr(r, "precision", meta.precision, "/");
-    w.write_string_attr(r, "config", meta.config.dump(), "/");
+    w.write_string_attr(r, "config", json_text(meta.config), "/");
     w.write_string_attr(r, "checkpoint_fingerprint", meta.fingerprint, "/");
     w.write_string_attr(r, "model_dir", meta.model_dir, "/");
     w.write_string_attr(r, "tool_version", meta.tool_version, "/");
     w.write_string_attr(r, "commit", meta.commit, "/");
-    w.write_string_attr(r, "device", meta.device.dump(), "/");
+    w.write_string_attr(r, "device", json_text(meta.device), "/");
     w.write_string_attr(r, "created", meta.created, "/");
     if (meta.precision_policy)
-      w.write_string_attr(r, "precision_policy", meta.precision_policy->to_json().dump(), "/");
+      w.write_string_attr(r, "precision_policy", json_text(meta.precision_policy->to_json()), "/");
     w.write_int_attr(r, "replay", meta.replay ? 1 : 0, "/");
     if (!meta.run_id.empty()) w.write_string_attr(r, "run_id", meta.run_id, "/");
   } catch (const WriteFailure& failure) {
@@ -843,7 +897,7 @@ void TraceWriter::finish() {
     w.write_ints_attr(root.get(), "tokens", w.tokens.data(), w.tokens.size(), false, "/");
     w.write_ints_attr(root.get(), "positions", w.token_positions.data(), w.token_positions.size(),
                       false, "/");
-    w.write_string_attr(root.get(), "run", w.run.dump(), "/");
+    w.write_string_attr(root.get(), "run", json_text(w.run), "/");
     w.check(root.close() >= 0, "closing /");
     // Everything reaches the disk here, where a failure can still be redirected; the close
     // below only rewrites the superblock's end-of-file address in place.
@@ -873,6 +927,7 @@ void TraceWriter::finish() {
 
 struct TraceReader::Impl {
   std::string path;
+  TraceKind kind = TraceKind::trace;
   uint64_t file_size = 0;
   Hid file;
   std::unique_ptr<GlobalHeap> heap;
@@ -953,6 +1008,16 @@ struct TraceReader::Impl {
     return out;
   }
 
+  // The links of a group the layout names, which holds at least one: no writer leaves a group
+  // empty, and a file of empty groups (thousands of positions with no rows) is not a trace.
+  std::vector<Link> nonempty_links(hid_t group, const std::string& group_path) const {
+    std::vector<Link> out = links(group, group_path);
+    if (out.empty())
+      fail("{}: {} is an empty group; a trace's groups hold the rows recorded under them", path,
+           shown(group_path));
+    return out;
+  }
+
   // A member the trace layout names. Only hard links: a soft link could alias, an external one
   // would open another file (a FIFO, a device) on the reader's behalf.
   Hid open_member(hid_t group, const Link& link, const std::string& member_path, H5I_type_t type,
@@ -966,8 +1031,26 @@ struct TraceReader::Impl {
     return obj;
   }
 
+  // A capture holds its stage rows (/pos_<P>) and KV-cache rows (/cache), nothing else: the
+  // series parity-trace computes are its own, and anything else is no part of a port's record.
+  void check_capture_members(const std::vector<Link>& top) const {
+    for (const Link& l : top) {
+      if (l.name.starts_with("pos_") || l.name == "cache") continue;
+      for (Series s : {Series::replay, Series::magnitude, Series::recompute,
+                       Series::recompute_magnitude, Series::recompute_bias})
+        if (l.name == series_name(s))
+          fail("{}: /{} is not part of a capture: {} rows are what parity-trace computes, never "
+               "what a port records (is this a trace of parity-trace rather than a capture?)",
+               path, l.name, l.name);
+      fail("{}: {} is not part of a capture, which holds /pos_<position>/... stage rows and "
+           "/cache/layer_<layer>/ KV-cache rows only",
+           path, shown("/" + l.name));
+    }
+  }
+
   void index_datasets(hid_t root) {
     const std::vector<Link> top = links(root, "");
+    if (kind == TraceKind::capture) check_capture_members(top);
     index_series(root, top, "", Series::output);
     for (Series s : {Series::replay, Series::magnitude, Series::recompute,
                      Series::recompute_magnitude, Series::recompute_bias}) {
@@ -976,7 +1059,7 @@ struct TraceReader::Impl {
       if (it == top.end()) continue;
       const Hid g = open_member(root, *it, "/" + group, H5I_GROUP,
                                 fmt::format("a group of {} datasets", group));
-      index_series(g.get(), links(g.get(), "/" + group), "/" + group, s);
+      index_series(g.get(), nonempty_links(g.get(), "/" + group), "/" + group, s);
     }
     std::sort(entries.begin(), entries.end(), [](const TraceEntry& x, const TraceEntry& y) {
       return std::tie(x.key.position, x.key.order, x.path) <
@@ -990,7 +1073,7 @@ struct TraceReader::Impl {
   // /cache/layer_<L>/k_rope and v: a capture's KV-cache rows of positions 0..n-1, [n, nKV, d].
   void index_cache(hid_t root, const Link& link) {
     const Hid g = open_member(root, link, "/cache", H5I_GROUP, "a group of KV-cache rows");
-    for (const Link& layer_link : links(g.get(), "/cache")) {
+    for (const Link& layer_link : nonempty_links(g.get(), "/cache")) {
       const std::string layer_path = "/cache/" + layer_link.name;
       const auto layer = layer_link.name.starts_with("layer_")
                              ? parse_index(std::string_view(layer_link.name).substr(6))
@@ -999,7 +1082,7 @@ struct TraceReader::Impl {
         fail("{}: {} is not a group named layer_<layer> of the model's {} layers", path,
              shown(layer_path), config.num_hidden_layers);
       const Hid lg = open_member(g.get(), layer_link, layer_path, H5I_GROUP, "a group named layer_<layer>");
-      for (const Link& ds_link : links(lg.get(), layer_path)) {
+      for (const Link& ds_link : nonempty_links(lg.get(), layer_path)) {
         const std::string ds_path = layer_path + "/" + ds_link.name;
         if (ds_link.name != "k_rope" && ds_link.name != "v")
           fail("{}: {} is not k_rope or v, the cache rows a trace holds", path, shown(ds_path));
@@ -1012,6 +1095,9 @@ struct TraceReader::Impl {
                "positions",
                path, ds_path, dims_text(dims), config.num_key_value_heads, config.head_dim,
                config.max_position_embeddings);
+        (void)check_array(ds.get(), ds_path,
+                          {size_t(dims[0]), size_t(dims[1]), size_t(dims[2])}, ValueKind::Real,
+                          fmt::format("the cache rows of layer {}", *layer), ds_link.name);
         auto& rows = cache[*layer];
         rows.count = rows.count == 0 || rows.count == int(dims[0]) ? int(dims[0]) : -1;
         (ds_link.name == "k_rope" ? rows.k_path : rows.v_path) = ds_path;
@@ -1030,7 +1116,7 @@ struct TraceReader::Impl {
              *position, config.max_position_embeddings);
       const Hid pos_group =
           open_member(top, pos_link, pos_path, H5I_GROUP, "a group named pos_<position>");
-      for (const Link& scope_link : links(pos_group.get(), pos_path)) {
+      for (const Link& scope_link : nonempty_links(pos_group.get(), pos_path)) {
         const std::string scope_path = pos_path + "/" + scope_link.name;
         std::optional<int> layer;
         if (scope_link.name == "model")
@@ -1044,7 +1130,7 @@ struct TraceReader::Impl {
                config.num_hidden_layers);
         const Hid scope_group = open_member(pos_group.get(), scope_link, scope_path, H5I_GROUP,
                                             "a group named model or layer_<layer>");
-        for (const Link& ds_link : links(scope_group.get(), scope_path))
+        for (const Link& ds_link : nonempty_links(scope_group.get(), scope_path))
           add_entry(scope_group.get(), scope_path, ds_link, *position, *layer, s);
       }
     }
@@ -1064,9 +1150,24 @@ struct TraceReader::Impl {
     if (stage_attr != link.name || layer_attr != layer || position_attr != position)
       fail("{}: {} has attributes stage={}, layer={}, position={} that disagree with its path",
            path, ds_path, quoted(stage_attr), layer_attr, position_attr);
-    const StageKey key{position, layer, *stage, attrs.int1("order"), s};
+    // The order sorts the rows and so decides which divergence is the first: it is the stage's
+    // place in a position's execution order, the one every writer records.
+    const int order = attrs.int1("order"), expected_order = execution_order(config, layer, *stage);
+    if (order != expected_order)
+      fail("{}: {} has attribute order={}, but stage {} of {} runs as number {} of a position",
+           path, ds_path, order, link.name,
+           layer == kModelLayer ? std::string("the model scope") : fmt::format("layer {}", layer),
+           expected_order);
+    const StageKey key{position, layer, *stage, order, s};
+    (void)check_array(ds.get(), ds_path, stage_dims(config, *stage, position), info(*stage).kind,
+                      fmt::format("a {} row at position {}", name(*stage), position), name(*stage));
     keys.emplace(ds_path, key);
-    if (attrs.has("layout")) layouts.emplace(ds_path, attrs.str("layout", kMaxLayout));
+    if (attrs.has("layout")) {
+      std::string layout = attrs.str("layout", kMaxLayout);
+      if (const std::string why = layout_problem(layout, *stage); !why.empty())
+        fail("{}: {} has attribute layout={}: {}", path, ds_path, quoted(layout, 60), why);
+      layouts.emplace(ds_path, std::move(layout));
+    }
     series.insert(s);
     if (s == Series::output) entries.push_back({ds_path, key});
   }
@@ -1078,16 +1179,9 @@ struct TraceReader::Impl {
                       name(key.stage));
   }
 
-  // The dims of a dataset, after checking that its data is in this file and it is an array.
+  // The dims of a dataset, after checking that it is an array.
   std::vector<uint64_t> dims_of(hid_t ds, const std::string& ds_path) const {
     const std::string doing = "reading " + ds_path;
-    const Hid dcpl = checked(H5Dget_create_plist(ds), H5Pclose, path, doing);
-    const int external = H5Pget_external_count(dcpl.get());
-    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
-    if (external < 0 || layout < 0) fail_hdf5(path, doing);
-    if (external > 0 || layout == H5D_VIRTUAL)
-      fail("{}: {} keeps its data in other files ({}); a trace's data is in the trace", path,
-           ds_path, external > 0 ? "external storage" : "a virtual dataset");
     const Hid space = checked(H5Dget_space(ds), H5Sclose, path, doing);
     if (H5Sget_simple_extent_type(space.get()) != H5S_SIMPLE)
       fail("{}: {} holds a scalar or nothing; a stage row is an array", path, ds_path);
@@ -1098,16 +1192,23 @@ struct TraceReader::Impl {
     return std::vector<uint64_t>(extent.begin(), extent.begin() + rank);
   }
 
-  // One dataset's values of `expected` dims and `kind`, after checking everything that decides
-  // how much is allocated; `what` names the expected shape's meaning in messages.
-  StageData read_array(const std::string& ds_path, const std::vector<size_t>& expected,
-                       ValueKind kind, const std::string& what, std::string_view stage) const {
-    const std::string doing = "reading " + ds_path;
-    const Hid ds = checked(H5Dopen2(file.get(), ds_path.c_str(), H5P_DEFAULT), H5Dclose, path, doing);
+  // What reading a dataset allocates and how: its element type and count.
+  struct ArrayInfo {
+    StageData::Type type = StageData::Type::F64;
+    hid_t mem_type = H5T_NATIVE_DOUBLE;
+    int64_t n = 0;
+  };
 
+  // Checks everything that decides how a dataset of `expected` dims and `kind` is read: its data
+  // is in this file, its shape is `expected`, its element type fits `kind`, and the file holds
+  // (or, compressed, could inflate to) its size. `what` names the expected shape's meaning in
+  // messages. Called for every dataset when the trace opens, and again before each read.
+  ArrayInfo check_array(hid_t ds, const std::string& ds_path, const std::vector<size_t>& expected,
+                        ValueKind kind, const std::string& what, std::string_view stage) const {
+    const std::string doing = "reading " + ds_path;
     // Where the data lives: in this file. External storage would read other files (a FIFO, a
     // device); a virtual dataset maps other files' datasets.
-    const Hid dcpl = checked(H5Dget_create_plist(ds.get()), H5Pclose, path, doing);
+    const Hid dcpl = checked(H5Dget_create_plist(ds), H5Pclose, path, doing);
     const int external = H5Pget_external_count(dcpl.get());
     const H5D_layout_t layout = H5Pget_layout(dcpl.get());
     const int filters = H5Pget_nfilters(dcpl.get());
@@ -1117,41 +1218,32 @@ struct TraceReader::Impl {
            ds_path, external > 0 ? "external storage" : "a virtual dataset");
 
     // The shape: its stage's rule at its position under the trace's config.
-    const Hid space = checked(H5Dget_space(ds.get()), H5Sclose, path, doing);
-    if (H5Sget_simple_extent_type(space.get()) != H5S_SIMPLE)
-      fail("{}: {} holds a scalar or nothing; a stage row is an array", path, ds_path);
-    const int rank = H5Sget_simple_extent_ndims(space.get());
-    if (rank < 0 || rank > H5S_MAX_RANK) fail_hdf5(path, doing);
-    std::array<hsize_t, H5S_MAX_RANK> extent{};
-    if (H5Sget_simple_extent_dims(space.get(), extent.data(), nullptr) != rank) fail_hdf5(path, doing);
-    const std::vector<uint64_t> dims(extent.begin(), extent.begin() + rank);
+    const std::vector<uint64_t> dims = dims_of(ds, ds_path);
     if (!std::equal(dims.begin(), dims.end(), expected.begin(), expected.end()))
       fail("{}: {} holds {} values but {} is {} under the trace's config", path, ds_path,
            dims_text(dims), what, dims_text(expected));
-    int64_t n = 1;
-    for (size_t d : expected) n = checked_mul(n, int64_t(d), path + ": " + ds_path);
+    ArrayInfo a;
+    a.n = 1;
+    for (size_t d : expected) a.n = checked_mul(a.n, int64_t(d), path + ": " + ds_path);
 
     // The element type: int32 for index stages, float64 or float32 for real ones.
-    const Hid type = checked(H5Dget_type(ds.get()), H5Tclose, path, doing);
+    const Hid type = checked(H5Dget_type(ds), H5Tclose, path, doing);
     const H5T_class_t cls = H5Tget_class(type.get());
     const size_t size = H5Tget_size(type.get());
-    StageData d;
-    d.dims = expected;
-    hid_t mem_type = H5T_NATIVE_DOUBLE;
     if (kind == ValueKind::Index) {
       if (cls != H5T_INTEGER || size != 4 || H5Tget_sign(type.get()) != H5T_SGN_2)
         fail("{}: {} is not int32, the type of the index stage {}", path, ds_path, stage);
-      d.type = StageData::Type::I32;
-      mem_type = H5T_NATIVE_INT32;
+      a.type = StageData::Type::I32;
+      a.mem_type = H5T_NATIVE_INT32;
     } else if (cls == H5T_FLOAT && (size == 8 || size == 4)) {
-      d.type = size == 8 ? StageData::Type::F64 : StageData::Type::F32;
-      mem_type = size == 8 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+      a.type = size == 8 ? StageData::Type::F64 : StageData::Type::F32;
+      a.mem_type = size == 8 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
     } else {
       fail("{}: {} is not float64 or float32, the types of the real stage {}", path, ds_path, stage);
     }
 
     // The size: no more than the file holds (or, compressed, could inflate to).
-    const int64_t bytes = checked_mul(n, int64_t(size), path + ": " + ds_path);
+    const int64_t bytes = checked_mul(a.n, int64_t(size), path + ": " + ds_path);
     const int64_t file_bytes = int64_t(std::min<uint64_t>(file_size, uint64_t(std::numeric_limits<int64_t>::max())));
     const int64_t limit = layout == H5D_CHUNKED && filters > 0
                               ? checked_mul(file_bytes, kMaxInflation, path)
@@ -1159,14 +1251,25 @@ struct TraceReader::Impl {
     if (bytes > limit)
       fail("{}: {} declares {} bytes of data but the file is {} bytes", path, ds_path, bytes,
            file_size);
+    return a;
+  }
 
+  // One dataset's values of `expected` dims and `kind`, after check_array.
+  StageData read_array(const std::string& ds_path, const std::vector<size_t>& expected,
+                       ValueKind kind, const std::string& what, std::string_view stage) const {
+    const std::string doing = "reading " + ds_path;
+    const Hid ds = checked(H5Dopen2(file.get(), ds_path.c_str(), H5P_DEFAULT), H5Dclose, path, doing);
+    const ArrayInfo a = check_array(ds.get(), ds_path, expected, kind, what, stage);
+    StageData d;
+    d.dims = expected;
+    d.type = a.type;
     void* buffer = nullptr;
     switch (d.type) {
-      case StageData::Type::F64: d.f64.resize(size_t(n)); buffer = d.f64.data(); break;
-      case StageData::Type::F32: d.f32.resize(size_t(n)); buffer = d.f32.data(); break;
-      case StageData::Type::I32: d.i32.resize(size_t(n)); buffer = d.i32.data(); break;
+      case StageData::Type::F64: d.f64.resize(size_t(a.n)); buffer = d.f64.data(); break;
+      case StageData::Type::F32: d.f32.resize(size_t(a.n)); buffer = d.f32.data(); break;
+      case StageData::Type::I32: d.i32.resize(size_t(a.n)); buffer = d.i32.data(); break;
     }
-    if (H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer) < 0) fail_hdf5(path, doing);
+    if (H5Dread(ds.get(), a.mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer) < 0) fail_hdf5(path, doing);
     return d;
   }
 };
@@ -1192,13 +1295,15 @@ int superblock_version(const std::string& path, uint64_t file_size) {
 }
 }  // namespace
 
-TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+TraceReader::TraceReader(const std::string& path, TraceKind kind)
+    : impl_(std::make_unique<Impl>()) {
   silence_hdf5();
   // A trace needs only the filters built into the library: a file naming an unknown filter
   // must not make HDF5 load a plugin from HDF5_PLUGIN_PATH.
   H5PLset_loading_state(0);
   Impl& r = *impl_;
   r.path = path;
+  r.kind = kind;
   // Regular files only: a FIFO or a device would block the open or never end.
   r.file_size = require_regular_file(path, std::numeric_limits<uint64_t>::max(), "trace");
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());

@@ -34,9 +34,15 @@
 // positions, layers and stages in the order they ran.
 //
 // A trace is untrusted input: the reader refuses anything it cannot vouch for (an attribute of
-// the wrong type or shape, a dataset whose shape is not its stage's under the trace's config or
-// whose size the file cannot hold, a soft or external link, a config that is not a gpt-oss
-// config) with one line naming the file, and never allocates more than the file could hold.
+// the wrong type or shape, an order that is not its stage's execution order, a layout that is
+// not one of the port layouts of its stage, a dataset whose shape, type or storage is not its
+// stage's under the trace's config or whose size the file cannot hold, an empty group, a soft or
+// external link, a config that is not a gpt-oss config) with one line naming the file, when it
+// opens the file: every dataset is checked then, before anything reads its data. It never
+// allocates more than the file could hold. A capture (TraceKind::capture: what a port wrote
+// through the capture API) is held to its own layout besides: /pos_<P>/... rows and /cache
+// rows only; the series parity-trace computes (/replay, /magnitude, /recompute...) and anything
+// else are refused.
 #pragma once
 #include <map>
 #include <memory>
@@ -120,9 +126,14 @@ struct TraceEntry {
   StageKey key;
 };
 
+// What a file is read as: any trace (users' own annotations beside the rows are skipped), or a
+// port's capture, which holds its stage rows and KV-cache rows and nothing else.
+enum class TraceKind { trace, capture };
+
 class TraceReader {
  public:
-  explicit TraceReader(const std::string& path);  // throws naming the file if not a trace
+  // Throws naming the file (and the object) if it is not a trace, or not a capture.
+  explicit TraceReader(const std::string& path, TraceKind kind = TraceKind::trace);
   ~TraceReader();
   const TraceMeta& meta() const;
   const Config& config() const;  // meta().config, validated
@@ -141,7 +152,8 @@ class TraceReader {
   // Those rows of one layer (as float64), after the shape and size checks of every read.
   KvRows cache_rows(int layer) const;
   // Checks the dataset's shape against its stage's rule, its element type against its stage's
-  // kind, and its size against the file's, before allocating; throws naming file and dataset.
+  // kind, and its size against the file's, before allocating (as opening did); throws naming
+  // file and dataset.
   StageData read(const std::string& dataset_path) const;
  private:
   struct Impl;
