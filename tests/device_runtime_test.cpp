@@ -723,12 +723,18 @@ TEST(DeviceOptions, FromTheEnvironment) {
   }
 }
 
-TEST(DeviceOptions, ByteSizes) {
-  EXPECT_EQ(parse_byte_size("4096", "X"), 4096u);
-  EXPECT_EQ(parse_byte_size("3K", "X"), 3072u);
-  EXPECT_EQ(parse_byte_size("2g", "X"), 2 * kGiB);
-  for (const char* bad : {"", "0", "-1", "1.5G", "G", "12T", "99999999999999999999"})
-    EXPECT_THROW(parse_byte_size(bad, "X"), Error) << bad;
+TEST(DeviceOptions, ByteSizesAndCountsAreReadStrictly) {
+  {
+    ScopedEnv k("PARITY_DEVICE_KV_BYTES", "3K");
+    EXPECT_EQ(device_options_from_environment().kv_bytes, 3072u);
+  }
+  for (const char* bad : {"0", "-1", " -5", "+5", "1.5G", "G", "12T", "99999999999999999999"}) {
+    ScopedEnv k("PARITY_DEVICE_KV_BYTES", bad);
+    EXPECT_THROW(device_options_from_environment(), Error) << bad;
+  }
+  EXPECT_EQ(parse_positive_int("64", "X"), 64);
+  for (const char* bad : {"", "0", " 5", "+5", "5 ", "010x", "2147483648"})
+    EXPECT_THROW(parse_positive_int(bad, "X"), Error) << bad;
 }
 
 // ----------------------------------------------------------------- on the device ---

@@ -1,5 +1,6 @@
 #include "device/runtime/options.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -37,47 +38,13 @@ int DeviceOptions::resolve_max_context(const Config& c) const {
 }
 
 int parse_positive_int(const std::string& value, const char* name) {
-  try {
-    size_t used = 0;
-    const long v = std::stol(value, &used);
-    if (used == value.size() && v > 0 && v <= (1l << 30)) return int(v);
-  } catch (const std::exception&) {
-  }
-  fail("{}=\"{}\": expected a positive integer", name, value);
-}
-
-size_t parse_byte_size(const std::string& value, const char* name) {
-  std::string digits = value;
-  size_t scale = 1;
-  if (!digits.empty()) {
-    switch (digits.back()) {
-      case 'K':
-      case 'k':
-        scale = size_t(1) << 10;
-        break;
-      case 'M':
-      case 'm':
-        scale = size_t(1) << 20;
-        break;
-      case 'G':
-      case 'g':
-        scale = size_t(1) << 30;
-        break;
-      default:
-        break;
-    }
-    if (scale != 1) digits.pop_back();
-  }
-  try {
-    size_t used = 0;
-    const unsigned long long v = std::stoull(digits, &used);
-    if (used == digits.size() && !digits.empty() && digits[0] != '-' && v > 0 &&
-        v <= std::numeric_limits<size_t>::max() / scale)
-      return size_t(v) * scale;
-  } catch (const std::exception&) {
-  }
-  fail("{}=\"{}\": expected a positive number of bytes, optionally with K, M or G, or \"free\"",
-       name, value);
+  // std::from_chars: no leading space, no sign (std::stol took " 5" and "+5").
+  int v = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || v <= 0 ||
+      v > (1 << 30))
+    fail("{}={}: expected a positive integer", name, quoted(value, 40));
+  return v;
 }
 
 namespace {
@@ -96,7 +63,7 @@ DeviceOptions device_options_from_environment() {
   o.kv_sequences = kEnvironmentKvSequences;
   if (const char* v = environment("PARITY_DEVICE_KV_BYTES")) {
     o.kv_sequences = 0;
-    if (std::string(v) != "free") o.kv_bytes = parse_byte_size(v, "PARITY_DEVICE_KV_BYTES");
+    if (std::string(v) != "free") o.kv_bytes = parity::parse_byte_size(v, "PARITY_DEVICE_KV_BYTES");
   }
   if (const char* v = environment("PARITY_DEVICE_SYNC"))
     o.sync_after_launch = std::string(v) != "0";

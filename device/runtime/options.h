@@ -68,8 +68,8 @@ struct DeviceOptions {
 // The memory report at load goes to standard error. The device is the current one.
 DeviceOptions device_options_from_environment();
 
-// The parsers behind it, on a value given as text (`name` is the variable, for the message).
+// The parser behind its counts, on a value given as text (`name` is the variable, for the
+// message); byte sizes are read by parity::parse_byte_size (model/untrusted.h).
 int parse_positive_int(const std::string& value, const char* name);
-size_t parse_byte_size(const std::string& value, const char* name);
 
 }  // namespace parity::device
