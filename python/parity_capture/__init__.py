@@ -534,6 +534,8 @@ class Capture:
             if a.size % row or a.size == 0:
                 self._refuse(f"{at}: {name} has {a.size} values, not a whole number of rows of "
                              f"[{c.kv_heads}, {c.head_dim}]")
+            if a.size // row > len(self.tokens):  # before anything is copied
+                self._refuse(f"{at}: {a.size // row} rows, but the capture has {len(self.tokens)} tokens")
             a = a.reshape(-1, c.kv_heads, c.head_dim)
             if name == "k_rope" and layout & ROPE_INTERLEAVED:
                 a = np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1)
@@ -541,8 +543,6 @@ class Capture:
         if rows[0].shape != rows[1].shape:
             self._refuse(f"{at}: k_rope has {rows[0].shape[0]} rows, v {rows[1].shape[0]}")
         n = rows[0].shape[0]
-        if n > len(self.tokens):
-            self._refuse(f"{at}: {n} rows, but the capture has {len(self.tokens)} tokens")
         if self._cache and n != next(iter(self._cache.values())):
             self._refuse(f"{at}: {n} rows, but the layers recorded before have "
                          f"{next(iter(self._cache.values()))}: every layer caches the same positions")
