@@ -405,7 +405,8 @@ void record(parity_capture& c, const char* stage_name, int position, int layer, 
   }
 }
 
-// Runs one call's body: a failure sets this thread's message and returns its code. Any failure of
+// Runs one call's body: a failure sets this thread's message (one line: a path or value from the
+// caller may hold control characters) and returns its code. Any failure of
 // a call that `counts_as_refusal` (a record of some kind) marks the capture, so that close() does
 // not write it: whatever refused the record, the capture lacks it.
 int run_guarded(parity_capture* c, bool counts_as_refusal, const std::function<void()>& body) {
@@ -414,17 +415,17 @@ int run_guarded(parity_capture* c, bool counts_as_refusal, const std::function<v
     body();
     return PARITY_CAPTURE_OK;
   } catch (const Refusal& r) {
-    g_last_error = r.message;
+    g_last_error = one_line(r.message);
     code = r.code;
   } catch (const Error& e) {
-    g_last_error = e.what();
+    g_last_error = one_line(e.what());
     code = PARITY_CAPTURE_ERR_IO;
   } catch (const std::bad_alloc&) {
-    g_last_error = c != nullptr ? fmt::format("capture {}: out of memory", c->path)
+    g_last_error = c != nullptr ? one_line(fmt::format("capture {}: out of memory", c->path))
                                 : "capture: out of memory";
     code = PARITY_CAPTURE_ERR_IO;
   } catch (const std::exception& e) {
-    g_last_error = std::string("capture: ") + e.what();
+    g_last_error = one_line(std::string("capture: ") + e.what());
     code = PARITY_CAPTURE_ERR_IO;
   }
   if (c != nullptr && counts_as_refusal && code != PARITY_CAPTURE_ERR_STATE) {

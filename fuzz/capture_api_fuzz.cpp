@@ -27,6 +27,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+const std::string kName = "capture\n\x1b[1m.h5";
+
 struct Setup {
   std::string model;  // the tiny checkpoint
   std::string dir;    // where captures are written
@@ -42,7 +44,7 @@ const Setup& setup() {
     parity::write_synthetic_checkpoint(spec, t.model, false);
     t.config = spec.config;
     t.dir = parity::fuzz::process_temp_dir("capture_api_fuzz-out");
-    t.path = t.dir + "/capture.h5";
+    t.path = t.dir + "/" + kName;  // a newline and an escape: every message names the path
     return t;
   }();
   return s;
@@ -84,7 +86,7 @@ void check_failure(int rc) {
 // The capture's directory holds nothing but, perhaps, the finished capture.
 void check_no_temporary_file() {
   for (const auto& e : fs::directory_iterator(setup().dir))
-    FUZZ_REQUIRE(e.path().filename() == "capture.h5");
+    FUZZ_REQUIRE(e.path().filename() == kName);
 }
 
 // A stage name: mostly one of the list, sometimes text of the input, sometimes null.

@@ -578,5 +578,20 @@ TEST(CaptureApi, TwoHandlesOnOnePathWriteTheirOwnFilesAndTheLastCloseWins) {
   EXPECT_EQ(files_in(f.dir), std::vector<std::string>{"port.h5"});
 }
 
+TEST(CaptureApi, MessagesAreOneLineWhateverThePathHolds) {
+  CaptureFile f;
+  const std::string path = f.dir + "/port\n\x1b[2J.h5";
+  parity_capture* cap = open_capture(path);
+  ASSERT_NE(cap, nullptr);
+  EXPECT_EQ(record(cap, "embedding", 0, -1, std::vector<float>(63)), PARITY_CAPTURE_ERR_SHAPE);
+  const std::string m = parity_capture_last_error();
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_NE(m.find("port\\n\\x1b[2J.h5: stage embedding, position 0"), std::string::npos) << m;
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_EQ(std::string(parity_capture_last_error()).find('\n'), std::string::npos);
+  EXPECT_TRUE(files_in(f.dir).empty());
+}
+
 }  // namespace
 }  // namespace parity

@@ -246,6 +246,9 @@ class Hostile(unittest.TestCase):
         for bad in (b"", "", "a\0b", 5, None):
             self.refused(lambda: pc.Capture(bad, self.model, TOKENS))
         self.refused(lambda: pc.Capture(path, self.model, TOKENS, port=b"x"), "the port is text")
+        # A path's control characters are escaped: the message stays one line.
+        odd = os.path.join(d, "c\n\x1b[2J.h5")
+        self.refused(lambda: pc.Capture(odd, self.model, TOKENS, port=1), "c\\n\\x1b[2J.h5: the port is text")
         self.refused(lambda: pc.Capture(path, self.model, TOKENS, device=["gpu"]), "the device is text")
         self.refused(lambda: pc.Capture(os.path.join(d, "no", "dir.h5"), self.model, TOKENS))
         self.assertEqual(sorted(os.listdir(d)), ["model"])

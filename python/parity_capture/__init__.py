@@ -113,7 +113,10 @@ _LAYOUTS_FOR = {
 
 class CaptureError(ValueError):
     """A record, a model directory or a file the capture refuses; the message is one line naming
-    the file, stage, layer and position."""
+    the file, stage, layer and position (control characters of a path or value escaped)."""
+
+    def __init__(self, message):
+        super().__init__(_one_line(message, 4000))
 
 
 class FingerprintWarning(UserWarning):
