@@ -2,10 +2,16 @@
 // list at the call, converted from the port's layout to ours, and written through the tracer's
 // TraceWriter, so a capture is a trace like any other (format "gpt-oss-parity-trace").
 #define PARITY_CAPTURE_BUILDING 1
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fmt/ranges.h>
 #include <functional>
 #include <map>
@@ -15,6 +21,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "model/checkpoint.h"
@@ -150,6 +157,7 @@ struct Partial {
 struct parity_capture {
   std::mutex mutex;
   std::string path;
+  std::string staging;  // this handle's own name for the finished file, renamed to path by close()
   parity::Config config;
   std::vector<int32_t> tokens;
   std::unique_ptr<parity::TraceWriter> writer;
@@ -397,25 +405,71 @@ void record(parity_capture& c, const char* stage_name, int position, int layer, 
   }
 }
 
+// Runs one call's body: a failure sets this thread's message (one line: a path or value from the
+// caller may hold control characters) and returns its code. Any failure of
+// a call that `counts_as_refusal` (a record of some kind) marks the capture, so that close() does
+// not write it: whatever refused the record, the capture lacks it.
 int run_guarded(parity_capture* c, bool counts_as_refusal, const std::function<void()>& body) {
+  int code = PARITY_CAPTURE_OK;
   try {
     body();
     return PARITY_CAPTURE_OK;
   } catch (const Refusal& r) {
-    g_last_error = r.message;
-    if (c != nullptr && counts_as_refusal && r.code != PARITY_CAPTURE_ERR_STATE) {
-      if (c->refused++ == 0) c->first_refusal = r.message;
-    }
-    return r.code;
+    g_last_error = one_line(r.message);
+    code = r.code;
   } catch (const Error& e) {
-    g_last_error = e.what();
-    return PARITY_CAPTURE_ERR_IO;
+    g_last_error = one_line(e.what());
+    code = PARITY_CAPTURE_ERR_IO;
   } catch (const std::bad_alloc&) {
-    g_last_error = "capture: out of memory";
-    return PARITY_CAPTURE_ERR_IO;
+    g_last_error = c != nullptr ? one_line(fmt::format("capture {}: out of memory", c->path))
+                                : "capture: out of memory";
+    code = PARITY_CAPTURE_ERR_IO;
   } catch (const std::exception& e) {
-    g_last_error = std::string("capture: ") + e.what();
-    return PARITY_CAPTURE_ERR_IO;
+    g_last_error = one_line(std::string("capture: ") + e.what());
+    code = PARITY_CAPTURE_ERR_IO;
+  }
+  if (c != nullptr && counts_as_refusal && code != PARITY_CAPTURE_ERR_STATE) {
+    if (c->refused++ == 0) c->first_refusal = g_last_error;
+  }
+  return code;
+}
+
+// A name for the finished file that no other handle uses, in the output's directory (a rename
+// stays on one file system): the process id and a counter of the handles it opened.
+std::string staging_name(const std::string& path) {
+  static std::atomic<uint64_t> handles{0};
+  return fmt::format("{}.tmp-{}-{}", path, ::getpid(), handles.fetch_add(1));
+}
+
+// A capture replaces only a regular file (or nothing).
+void refuse_non_regular_output(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    refuse(PARITY_CAPTURE_ERR_IO,
+           fmt::format("capture {}: cannot access the output path ({})", path, std::strerror(errno)));
+  }
+  if (S_ISDIR(st.st_mode))
+    refuse(PARITY_CAPTURE_ERR_IO,
+           fmt::format("capture {}: is a directory; a capture is written to a file", path));
+  if (!S_ISREG(st.st_mode))
+    refuse(PARITY_CAPTURE_ERR_IO,
+           fmt::format("capture {}: exists and is not a regular file; a capture replaces only a "
+                       "regular file",
+                       path));
+}
+
+// Moves the finished file of a handle into place (the last handle to close a path wins); a
+// failure removes it.
+void publish(const parity_capture& c) {
+  std::error_code ec;
+  std::filesystem::rename(c.staging, c.path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(c.staging, ignored);
+    refuse(PARITY_CAPTURE_ERR_IO,
+           fmt::format("capture {}: cannot move the finished capture into place ({}); not written",
+                       c.path, ec.message()));
   }
 }
 
@@ -438,6 +492,7 @@ int parity_capture_open(parity_capture** out, const char* path, const char* mode
     if (path == nullptr || *path == '\0')
       refuse(PARITY_CAPTURE_ERR_ARGUMENT, "capture: empty output path");
     c->path = path;
+    refuse_non_regular_output(c->path);
     if (model_dir == nullptr || *model_dir == '\0')
       refuse(PARITY_CAPTURE_ERR_ARGUMENT, fmt::format("capture {}: no model directory", c->path));
     if (tokens == nullptr || n_tokens == 0)
@@ -497,7 +552,8 @@ int parity_capture_open(parity_capture** out, const char* path, const char* mode
     meta.tokens = c->tokens;
     for (size_t i = 0; i < n_tokens; ++i) meta.positions.push_back(int32_t(i));
     try {
-      c->writer = std::make_unique<TraceWriter>(c->path, std::move(meta));
+      c->staging = staging_name(c->path);
+      c->writer = std::make_unique<TraceWriter>(c->staging, std::move(meta));
     } catch (const Error& e) {
       refuse(PARITY_CAPTURE_ERR_IO, e.what());
     }
@@ -520,42 +576,39 @@ int parity_capture_record_copy(parity_capture* cap, const char* stage, int posit
                                int slot, const void* src, parity_capture_dtype dtype, size_t count,
                                unsigned layout, parity_capture_copy_fn copy, void* user) {
   if (cap == nullptr) return PARITY_CAPTURE_OK;
-  if (copy == nullptr) {
-    parity::g_last_error =
-        fmt::format("capture {}: record_copy without a copy function", cap->path);
-    return PARITY_CAPTURE_ERR_ARGUMENT;
-  }
-  // Checked first (the data is not read), so a bad call copies nothing.
+  // Checked first (the data is not read), so a bad call copies nothing; a refusal here is a
+  // refused record like any other.
+  std::vector<unsigned char> host;
   {
     const std::lock_guard lock(cap->mutex);
     const int rc = parity::run_guarded(cap, true, [&] {
+      if (copy == nullptr)
+        parity::refuse(PARITY_CAPTURE_ERR_ARGUMENT,
+                       fmt::format("capture {}: record_copy without a copy function", cap->path));
       parity::record(*cap, stage, position, layer, slot, src, int(dtype), count, layout, true);
+      host.resize(count * parity::dtype_bytes(int(dtype)));  // count is the row's: checked above
     });
     if (rc != PARITY_CAPTURE_OK) return rc;
   }
-  std::vector<unsigned char> host;
-  const char* dname = parity::capture_dtype_name(int(dtype));
-  if (dname != nullptr) host.resize(count * parity::dtype_bytes(int(dtype)));
-  if (dname != nullptr && count > 0) {
+  if (count > 0) {
     const int rc = copy(host.data(), src, host.size(), user);
     if (rc != 0) {
-      parity::g_last_error = fmt::format(
-          "capture {}: stage {}, layer {}, position {}: the copy function failed (code {})",
-          cap->path, stage != nullptr ? parity::one_line(stage, 64) : "(null)", layer, position,
-          rc);
       const std::lock_guard lock(cap->mutex);
-      if (cap->refused++ == 0) cap->first_refusal = parity::g_last_error;
-      return PARITY_CAPTURE_ERR_COPY;
+      return parity::run_guarded(cap, true, [&] {
+        parity::refuse(PARITY_CAPTURE_ERR_COPY,
+                       fmt::format("capture {}: stage {}, layer {}, position {}: the copy function "
+                                   "failed (code {})",
+                                   cap->path, parity::one_line(stage, 64), layer, position, rc));
+      });
     }
   }
-  return parity_capture_record(cap, stage, position, layer, slot,
-                               dname != nullptr && count > 0 ? host.data() : src, dtype, count,
-                               layout);
+  return parity_capture_record(cap, stage, position, layer, slot, count > 0 ? host.data() : src,
+                               dtype, count, layout);
 }
 
-int parity_capture_close(parity_capture* cap) {
-  if (cap == nullptr) return PARITY_CAPTURE_OK;
-  std::unique_ptr<parity_capture> owned(cap);
+int parity_capture_close(parity_capture** handle) {
+  if (handle == nullptr || *handle == nullptr) return PARITY_CAPTURE_OK;
+  std::unique_ptr<parity_capture> owned(std::exchange(*handle, nullptr));
   return parity::run_guarded(nullptr, false, [&] {
     using namespace parity;
     parity_capture& c = *owned;
@@ -606,6 +659,7 @@ int parity_capture_close(parity_capture* cap) {
     for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
     c.writer->set_tokens(c.tokens, positions);
     c.writer->finish();
+    publish(c);
   });
 }
 
@@ -686,8 +740,8 @@ int parity_capture_append_tokens(parity_capture* cap, const int32_t* tokens, siz
   });
 }
 
-void parity_capture_abandon(parity_capture* cap) {
-  delete cap;
+void parity_capture_abandon(parity_capture** handle) {
+  if (handle != nullptr) delete std::exchange(*handle, nullptr);
 }
 
 const char* parity_capture_last_error(void) {

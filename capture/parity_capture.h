@@ -7,7 +7,9 @@
  * fingerprint are recorded, so a capture is never diffed against another model) and the token
  * ids at positions 0, 1, ...; then the port records the output row of each stage it wants
  * compared, for (position, layer[, expert slot]), and closes the capture. The file appears
- * under its name only when close() succeeds (it is written under a temporary name).
+ * under its name only when close() succeeds: each handle writes a temporary file of its own
+ * (PATH.tmp-PID-N), which close() renames into place, so two handles on one path never share a
+ * file and the last to close successfully is the file found there (a rename replaces it whole).
  *
  * Stages, their names and shapes are the stage list of gpt-oss-parity (model/stages.h), per
  * position (one token row):
@@ -54,7 +56,9 @@
  * apply, a row recorded twice. Every function returns PARITY_CAPTURE_OK (0) or an error code;
  * parity_capture_last_error() gives the message of this thread's last failure, one line naming
  * the file, stage, layer and position. A capture with a refused record is not written by close()
- * (it would hold a hole), nor is one with a row left incomplete.
+ * (it would hold a hole), nor is one with a row left incomplete. Any refused call that records
+ * (record, record_copy, including one without a copy function or whose copy failed, and
+ * record_cache) counts; a refused append_tokens appends nothing and leaves the capture as it was.
  *
  * Disabled capture costs nothing: every function takes a null handle as a no-op returning
  * PARITY_CAPTURE_OK, so `parity_capture* cap = NULL;` (or not opening one) turns capture off.
@@ -83,8 +87,8 @@
 extern "C" {
 #endif
 
-#define PARITY_CAPTURE_VERSION_MAJOR 1
-#define PARITY_CAPTURE_VERSION_MINOR 1
+#define PARITY_CAPTURE_VERSION_MAJOR 2
+#define PARITY_CAPTURE_VERSION_MINOR 0
 
 typedef struct parity_capture parity_capture;
 
@@ -187,12 +191,18 @@ PARITY_CAPTURE_API int parity_capture_record_cache(parity_capture* cap, int laye
                                                    const void* k, const void* v,
                                                    parity_capture_dtype dtype, unsigned layout);
 
-/* Writes the capture and renames it into place, then frees the handle (whatever the outcome).
- * Refuses (and writes nothing) when a record was refused or a row is incomplete. */
-PARITY_CAPTURE_API int parity_capture_close(parity_capture* cap);
+/* Writes the capture and renames it into place, then frees the handle and sets *cap to NULL
+ * (whatever the outcome), so a second close(&cap) or abandon(&cap) is a no-op. Refuses (and
+ * writes nothing) when a record was refused or a row is incomplete.
+ * Version 2 takes the handle's address: a handle freed behind a caller's pointer cannot be told
+ * from a live one, so a second close of version 1's `parity_capture*` read freed memory; with
+ * the address, the library clears the caller's pointer itself. (A copy of the pointer kept
+ * elsewhere is still the caller's to clear, as with free().) */
+PARITY_CAPTURE_API int parity_capture_close(parity_capture** cap);
 
-/* Frees the handle without writing anything (the temporary file is removed). */
-PARITY_CAPTURE_API void parity_capture_abandon(parity_capture* cap);
+/* Frees the handle without writing anything (the temporary file is removed) and sets *cap to
+ * NULL. */
+PARITY_CAPTURE_API void parity_capture_abandon(parity_capture** cap);
 
 /* The message of this thread's last failed call ("" when none failed); valid until the next
  * call on this thread. */

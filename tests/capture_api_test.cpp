@@ -4,6 +4,7 @@
 // nothing after a refusal or with an incomplete row; a null handle is a no-op.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -179,7 +180,7 @@ TEST(CaptureApi, EveryStageInPortLayoutsComesBackInOursExactly) {
     }
   }
   EXPECT_FALSE(fs::exists(f.path)) << "the capture appears only when closed";
-  ASSERT_EQ(parity_capture_close(cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  ASSERT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
   ASSERT_TRUE(fs::exists(f.path));
 
   const TraceReader r(f.path);
@@ -289,7 +290,7 @@ TEST(CaptureApi, BadRecordsAreRefusedAtTheCall) {
   refused(record(cap, "qkv", 0, 3, std::vector<float>(32), PARITY_LAYOUT_QKV_V),
           PARITY_CAPTURE_ERR_DUPLICATE, {"part of qkv recorded twice"});
   // close() writes nothing after refusals.
-  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
   EXPECT_NE(std::string(parity_capture_last_error()).find("were refused; the first: capture"),
             std::string::npos)
       << parity_capture_last_error();
@@ -303,7 +304,7 @@ TEST(CaptureApi, AnIncompleteRowIsNotWritten) {
   ASSERT_NE(cap, nullptr);
   ASSERT_EQ(record(cap, "swiglu", 2, 1, std::vector<float>(64), PARITY_LAYOUT_DEFAULT, 0), 0);
   ASSERT_EQ(record(cap, "swiglu", 2, 1, std::vector<float>(64), PARITY_LAYOUT_DEFAULT, 2), 0);
-  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
   const std::string msg = parity_capture_last_error();
   EXPECT_NE(
       msg.find("stage swiglu, layer 1, position 2: incomplete: expert slot(s) 1, 3 never recorded"),
@@ -327,7 +328,7 @@ TEST(CaptureApi, TokensAppendedAsAPortGeneratesThem) {
   EXPECT_NE(std::string(parity_capture_last_error()).find("token id 1024 at position 4"),
             std::string::npos)
       << parity_capture_last_error();
-  parity_capture_abandon(cap);  // the refused record above leaves nothing to write
+  parity_capture_abandon(&cap);  // the refused record above leaves nothing to write
 
   ASSERT_EQ(parity_capture_open(&cap, f.path.c_str(), test::tiny_model_dir().c_str(), kTokenIds, 3, &o),
             PARITY_CAPTURE_OK);
@@ -340,7 +341,7 @@ TEST(CaptureApi, TokensAppendedAsAPortGeneratesThem) {
               PARITY_CAPTURE_OK)
         << parity_capture_last_error();
   }
-  ASSERT_EQ(parity_capture_close(cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  ASSERT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
   const TraceReader t(f.path);
   EXPECT_EQ(t.meta().tokens, std::vector<int32_t>(kTokenIds, kTokenIds + kTokens));
   EXPECT_EQ(t.meta().positions, (std::vector<int32_t>{0, 1, 2, 3, 4}));
@@ -376,13 +377,13 @@ TEST(CaptureApi, CacheRowsAreCheckedAtTheCall) {
             PARITY_CAPTURE_ERR_SHAPE);
   EXPECT_NE(msg().find("every layer caches the same positions"), std::string::npos) << msg();
   // Refused records leave nothing to write.
-  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
   EXPECT_FALSE(fs::exists(f.path));
   // A cache for some layers only, or stage rows inside the cached prefix: not written.
   cap = open_capture(f.path);
   ASSERT_EQ(parity_capture_record_cache(cap, 0, 2, kv.data(), kv.data(), PARITY_CAPTURE_F32, 0),
             PARITY_CAPTURE_OK);
-  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
   EXPECT_NE(msg().find("cache rows of layer 1 never recorded"), std::string::npos) << msg();
   cap = open_capture(f.path);
   for (int layer = 0; layer < 4; ++layer)
@@ -391,7 +392,7 @@ TEST(CaptureApi, CacheRowsAreCheckedAtTheCall) {
   ASSERT_EQ(record(cap, "embedding", 1, -1,
                    as_float(reference_rows().rows.at({1, kModelLayer, Stage::embedding}))),
             PARITY_CAPTURE_OK);
-  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
   EXPECT_NE(msg().find("rows at position 1 lie inside the cache prefix 0..1"), std::string::npos) << msg();
   EXPECT_FALSE(fs::exists(f.path));
 }
@@ -435,7 +436,7 @@ TEST(CaptureApi, CopyCallbackFetchesDeviceRowsAfterTheChecks) {
                                        PARITY_CAPTURE_F32, 63, 0, copy, &dev),
             PARITY_CAPTURE_ERR_SHAPE);
   EXPECT_EQ(dev.copies, 0);
-  parity_capture_abandon(cap);
+  parity_capture_abandon(&cap);
   cap = open_capture(f.path);
   EXPECT_EQ(parity_capture_record_copy(cap, "embedding", 0, -1, -1, dev.memory.data(),
                                        PARITY_CAPTURE_F32, 64, 0, copy, &dev),
@@ -448,14 +449,14 @@ TEST(CaptureApi, CopyCallbackFetchesDeviceRowsAfterTheChecks) {
             PARITY_CAPTURE_ERR_COPY);
   EXPECT_NE(std::string(parity_capture_last_error()).find("copy function failed (code 7)"),
             std::string::npos);
-  EXPECT_EQ(parity_capture_close(cap), PARITY_CAPTURE_ERR_STATE) << "a failed copy leaves a hole";
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE) << "a failed copy leaves a hole";
   // A clean capture with one copied row.
   dev.fail = false;
   cap = open_capture(f.path);
   ASSERT_EQ(parity_capture_record_copy(cap, "embedding", 3, -1, -1, dev.memory.data(),
                                        PARITY_CAPTURE_F32, 64, 0, copy, &dev),
             PARITY_CAPTURE_OK);
-  ASSERT_EQ(parity_capture_close(cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  ASSERT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
   const TraceReader r(f.path);
   const StageData got = r.read(trace_dataset_path(3, kModelLayer, Stage::embedding));
   EXPECT_EQ(got.type, StageData::Type::F32);
@@ -501,8 +502,95 @@ TEST(CaptureApi, RowElementsFollowTheStageList) {
   EXPECT_EQ(parity_capture_row_elements(cap, "mlp1", 0), 4u * 128u);
   EXPECT_EQ(parity_capture_row_elements(cap, "qkv", 0), (4u + 2u * 2u) * 16u);
   EXPECT_EQ(parity_capture_row_elements(cap, "no_such_stage", 0), 0u);
-  parity_capture_abandon(cap);
+  parity_capture_abandon(&cap);
   EXPECT_FALSE(fs::exists(f.path));
+}
+
+// The files in a capture's directory: a finished capture and nothing else (no temporary file).
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(CaptureApi, CloseAndAbandonClearTheHandleSoASecondCallIsANoOp) {
+  CaptureFile f;
+  parity_capture* cap = open_capture(f.path);
+  ASSERT_NE(cap, nullptr);
+  ASSERT_EQ(record(cap, "embedding", 0, -1, std::vector<float>(64, 1.0f)), PARITY_CAPTURE_OK);
+  ASSERT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  EXPECT_EQ(cap, nullptr);
+  // Under ASan a second close of a freed handle is a use-after-free; here it finds NULL.
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_OK);
+  parity_capture_abandon(&cap);
+  EXPECT_EQ(files_in(f.dir), std::vector<std::string>{"port.h5"});
+  cap = open_capture(f.path);
+  parity_capture_abandon(&cap);
+  EXPECT_EQ(cap, nullptr);
+  parity_capture_abandon(&cap);
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_OK);
+  EXPECT_EQ(files_in(f.dir), std::vector<std::string>{"port.h5"}) << "abandon keeps the old file";
+}
+
+TEST(CaptureApi, RecordCopyWithoutACopyFunctionIsARefusedRecord) {
+  CaptureFile f;
+  parity_capture* cap = open_capture(f.path);
+  ASSERT_NE(cap, nullptr);
+  const std::vector<float> row(64, 0.5f);
+  EXPECT_EQ(parity_capture_record_copy(cap, "embedding", 0, -1, -1, row.data(), PARITY_CAPTURE_F32,
+                                       64, 0, nullptr, nullptr),
+            PARITY_CAPTURE_ERR_ARGUMENT);
+  EXPECT_NE(std::string(parity_capture_last_error()).find("without a copy function"),
+            std::string::npos)
+      << parity_capture_last_error();
+  ASSERT_EQ(record(cap, "embedding", 1, -1, row), PARITY_CAPTURE_OK);
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_NE(std::string(parity_capture_last_error()).find("1 record(s) were refused"),
+            std::string::npos)
+      << parity_capture_last_error();
+  EXPECT_TRUE(files_in(f.dir).empty());
+}
+
+TEST(CaptureApi, TwoHandlesOnOnePathWriteTheirOwnFilesAndTheLastCloseWins) {
+  CaptureFile f;
+  const auto embedding_at = [&](int position) {
+    const TraceReader r(f.path);
+    return r.read(trace_dataset_path(position, kModelLayer, Stage::embedding)).at(0);
+  };
+  // A second handle opened and abandoned takes nothing from the first.
+  parity_capture* a = open_capture(f.path);
+  ASSERT_EQ(record(a, "embedding", 0, -1, std::vector<float>(64, 1.0f)), PARITY_CAPTURE_OK);
+  parity_capture* b = open_capture(f.path);
+  ASSERT_EQ(record(b, "embedding", 0, -1, std::vector<float>(64, 2.0f)), PARITY_CAPTURE_OK);
+  parity_capture_abandon(&b);
+  ASSERT_EQ(parity_capture_close(&a), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  EXPECT_EQ(embedding_at(0), 1.0);
+  // Both closed: the file is whole, and the last close's.
+  a = open_capture(f.path);
+  b = open_capture(f.path);
+  ASSERT_EQ(record(a, "embedding", 0, -1, std::vector<float>(64, 3.0f)), PARITY_CAPTURE_OK);
+  ASSERT_EQ(record(b, "embedding", 0, -1, std::vector<float>(64, 4.0f)), PARITY_CAPTURE_OK);
+  ASSERT_EQ(parity_capture_close(&b), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  EXPECT_EQ(embedding_at(0), 4.0);
+  ASSERT_EQ(parity_capture_close(&a), PARITY_CAPTURE_OK) << parity_capture_last_error();
+  EXPECT_EQ(embedding_at(0), 3.0);
+  EXPECT_EQ(files_in(f.dir), std::vector<std::string>{"port.h5"});
+}
+
+TEST(CaptureApi, MessagesAreOneLineWhateverThePathHolds) {
+  CaptureFile f;
+  const std::string path = f.dir + "/port\n\x1b[2J.h5";
+  parity_capture* cap = open_capture(path);
+  ASSERT_NE(cap, nullptr);
+  EXPECT_EQ(record(cap, "embedding", 0, -1, std::vector<float>(63)), PARITY_CAPTURE_ERR_SHAPE);
+  const std::string m = parity_capture_last_error();
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_NE(m.find("port\\n\\x1b[2J.h5: stage embedding, position 0"), std::string::npos) << m;
+  EXPECT_EQ(parity_capture_close(&cap), PARITY_CAPTURE_ERR_STATE);
+  EXPECT_EQ(std::string(parity_capture_last_error()).find('\n'), std::string::npos);
+  EXPECT_TRUE(files_in(f.dir).empty());
 }
 
 }  // namespace

@@ -134,7 +134,7 @@ TEST(CaptureExample, StagesNotCapturedAreListedNotPassed) {
         << parity_capture_last_error();
     ++recorded;
   }
-  ASSERT_EQ(parity_capture_close(cap), 0) << parity_capture_last_error();
+  ASSERT_EQ(parity_capture_close(&cap), 0) << parity_capture_last_error();
   const auto r = trace_capture(path, dir + "/out");
   ASSERT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("first divergence at position 5, layer 2, stage moe_out"),

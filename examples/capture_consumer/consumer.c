@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
                               PARITY_CAPTURE_ALL_SLOTS, row, PARITY_CAPTURE_F32, hidden,
                               PARITY_LAYOUT_DEFAULT) != PARITY_CAPTURE_OK) {
       fprintf(stderr, "consumer: %s\n", parity_capture_last_error());
-      parity_capture_abandon(cap);
+      parity_capture_abandon(&cap);
       return 2;
     }
   /* A wrong shape is refused at the call, with a message naming the stage and position. */
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   printf("refused as expected: %s\n", parity_capture_last_error());
   free(row);
   /* close() refuses a capture with a refused record; abandon it and write a clean one. */
-  if (parity_capture_close(cap) != PARITY_CAPTURE_ERR_STATE) {
+  if (parity_capture_close(&cap) != PARITY_CAPTURE_ERR_STATE) {
     fprintf(stderr, "consumer: close() wrote a capture with a refused record\n");
     return 1;
   }
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
                           PARITY_CAPTURE_ALL_SLOTS, row, PARITY_CAPTURE_F32, hidden,
                           PARITY_LAYOUT_DEFAULT);
   free(row);
-  if (parity_capture_close(cap) != PARITY_CAPTURE_OK) {
+  if (parity_capture_close(&cap) != PARITY_CAPTURE_OK) {
     fprintf(stderr, "consumer: %s\n", parity_capture_last_error());
     return 2;
   }

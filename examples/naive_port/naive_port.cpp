@@ -669,7 +669,7 @@ int run(int argc, char** argv) {
         }
       logits = port.step(tokens[i], int(i));
     } catch (...) {
-      parity_capture_abandon(cap);
+      parity_capture_abandon(&cap);
       throw;
     }
   }
@@ -677,7 +677,7 @@ int run(int argc, char** argv) {
   std::printf("naive_port: %zu tokens; next token %d (logit %.6g)\n", tokens.size(), best,
               double(logits[size_t(best)]));
   if (cap != nullptr) {
-    if (parity_capture_close(cap) != 0) die(parity_capture_last_error());
+    if (parity_capture_close(&cap) != 0) die(parity_capture_last_error());
     std::printf("naive_port: capture written to %s\n", capture_path.c_str());
   }
   return 0;

@@ -37,6 +37,7 @@ Layouts (combine with |; each applies to the stages named):
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import secrets
@@ -112,46 +113,135 @@ _LAYOUTS_FOR = {
 
 class CaptureError(ValueError):
     """A record, a model directory or a file the capture refuses; the message is one line naming
-    the file, stage, layer and position."""
+    the file, stage, layer and position (control characters of a path or value escaped)."""
+
+    def __init__(self, message):
+        super().__init__(_one_line(message, 4000))
 
 
 class FingerprintWarning(UserWarning):
     """The capture records no checkpoint fingerprint: the diff will check the config only."""
 
 
+# Caps on what a capture reads of a checkpoint's small JSON files (config.json, the shard index).
+_MAX_JSON_BYTES = 64 << 20
+_MAX_DIM = (1 << 31) - 1  # a config's sizes, as the C++ Config keeps them (int)
+
+
+def _one_line(text: str, cap: int = 200) -> str:
+    """`text` as one printable line of at most `cap` characters (then "..."): control characters
+    and what is not valid UTF-8 escaped, for quoting what came from a caller or a file."""
+    t = str(text)
+    short = t[:cap].encode("utf-8", "backslashreplace").decode("utf-8")
+    out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in short)
+    return out + ("..." if len(t) > cap else "")
+
+
+def _quoted(value, cap: int = 64) -> str:
+    """A caller's value for a message: a string quoted and escaped, anything else by its type."""
+    if isinstance(value, str):
+        return repr(value[:cap]) + ("..." if len(value) > cap else "")
+    kind = type(value).__name__
+    kind = ("an " if kind[:1] in "aeiou" else "a ") + kind
+    if isinstance(value, (bool, int, float, complex, np.generic)):
+        try:
+            text = repr(value)
+        except ValueError:  # an int of more digits than Python prints
+            return kind
+        return f"{text[:cap]}{'...' if len(text) > cap else ''} ({kind})"
+    return kind
+
+
+def _is_integer(value) -> bool:
+    """An exact integer: int or a NumPy integer, not bool (True is not a position)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _path(value, what: str) -> str:
+    """A caller's path (str, bytes or os.PathLike) as a str, or CaptureError."""
+    try:
+        p = os.fspath(value)
+    except TypeError:
+        raise CaptureError(f"capture: the {what} is a path (str or os.PathLike), not "
+                           f"{_quoted(value)}") from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p:
+        raise CaptureError(f"capture: empty {what}")
+    if "\0" in p:
+        raise CaptureError(f"capture: the {what} {_quoted(p, 200)} holds a NUL character")
+    return p
+
+
+def _read_json(path: str, what: str):
+    """A small JSON file, read as the C++ readers read one: a regular file only (a FIFO would
+    block), capped in size, parsed whole (trailing bytes refused), nesting bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise CaptureError(f"{path}: cannot open the {what} ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CaptureError(f"{path}: the {what} is not a regular file")
+        if st.st_size > _MAX_JSON_BYTES:
+            raise CaptureError(f"{path}: the {what} is {st.st_size} bytes, more than the "
+                               f"{_MAX_JSON_BYTES} a {what} may have")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(_MAX_JSON_BYTES + 1)
+    except OSError as e:
+        raise CaptureError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CaptureError(f"{path}: the {what} is not UTF-8 (byte {e.start})") from None
+    except RecursionError:
+        raise CaptureError(f"{path}: the {what} nests too deep") from None
+    except ValueError as e:
+        raise CaptureError(f"{path}: the {what} is not JSON ({_one_line(e)})") from None
+
+
 class _Config:
     """The fields of a gpt-oss config.json the stage shapes need."""
 
     def __init__(self, raw: dict, source: str):
-        def field(*names, default=None):
-            for n in names:
-                if n in raw:
-                    return raw[n]
-            if default is None:
-                raise CaptureError(f"{source}: no {names[0]}")
-            return default
-        try:
-            self.vocab = int(field("vocab_size"))
-            self.hidden = int(field("hidden_size"))
-            self.layers = int(field("num_hidden_layers"))
-            self.heads = int(field("num_attention_heads"))
-            self.kv_heads = int(field("num_key_value_heads"))
-            self.head_dim = int(field("head_dim", default=self.hidden // max(self.heads, 1)))
-            self.inter = int(field("intermediate_size"))
-            self.experts = int(field("num_local_experts", "num_experts"))
-            self.top_k = int(field("num_experts_per_tok", "experts_per_token"))
-            self.context = int(field("max_position_embeddings", default=131072))
-        except (TypeError, ValueError) as e:
-            raise CaptureError(f"{source}: not a gpt-oss config ({e})") from None
-        for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "experts",
-                     "top_k", "context"):
-            if getattr(self, name) <= 0:
-                raise CaptureError(f"{source}: {name} must be positive")
+        def field(name, *aliases, default=None):
+            present = [(n, raw[n]) for n in (name,) + aliases if n in raw]
+            if not present:
+                if default is None:
+                    raise CaptureError(f"{source}: no {name}")
+                return default
+            for n, v in present:
+                if not _is_integer(v) or not 0 < v <= _MAX_DIM:
+                    raise CaptureError(f"{source}: {n} is {_one_line(json.dumps(v), 40)}, not an "
+                                       f"integer in 1..{_MAX_DIM}")
+            if any(v != present[0][1] for _, v in present):
+                raise CaptureError(f"{source}: " + " and ".join(f"{n} {v}" for n, v in present) +
+                                   " disagree")
+            return int(present[0][1])
+        self.vocab = field("vocab_size")
+        self.hidden = field("hidden_size")
+        self.layers = field("num_hidden_layers")
+        self.heads = field("num_attention_heads")
+        self.kv_heads = field("num_key_value_heads")
+        self.head_dim = field("head_dim", default=max(self.hidden // self.heads, 1))
+        self.inter = field("intermediate_size")
+        self.experts = field("num_local_experts", "num_experts")
+        self.top_k = field("num_experts_per_tok", "experts_per_token")
+        self.context = field("max_position_embeddings", default=131072)
+        if self.top_k > self.experts:
+            raise CaptureError(f"{source}: {self.top_k} experts per token, but {self.experts} experts")
 
 
 def stage_shape(config: _Config, stage: str, position: int) -> tuple:
     """The shape of one row of `stage` at `position` (model/stages.h's shape rules)."""
     c = config
+    if not isinstance(stage, str) or stage not in _STAGE:
+        raise CaptureError(f"capture: unknown stage {_quoted(stage)}")
+    if not _is_integer(position) or position < 0:
+        raise CaptureError(f"capture: stage {stage}: position {_quoted(position)} is not an integer >= 0")
     shape = _STAGE[stage][2]
     return {
         "hidden": (c.hidden,),
@@ -180,20 +270,46 @@ def _execution_order(config: _Config, layer: int, stage: str) -> int:
 
 def _checkpoint_files(model_dir: str) -> list:
     index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index, encoding="utf-8") as f:
-            return sorted(set(json.load(f).get("weight_map", {}).values()))
+    if os.path.lexists(index):
+        weight_map = _read_json(index, "shard index")
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CaptureError(f"{index}: no weight_map object")
+        names = set(weight_map.values())
+        for n in names:
+            if not isinstance(n, str) or not n or n in (".", "..") or "/" in n or "\0" in n:
+                raise CaptureError(f"{index}: {_one_line(json.dumps(n), 80)} is not a file name "
+                                   "in the checkpoint directory")
+        return sorted(names)
     if os.path.exists(os.path.join(model_dir, "model.safetensors")):
         return ["model.safetensors"]
     return sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
+
+
+def _hash_file(path: str, h):
+    """Feeds a regular file to the hash `h` (a FIFO or device is refused, not read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise CaptureError(f"{path}: cannot open the checkpoint file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise CaptureError(f"{path}: the checkpoint file is not a regular file")
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
 
 
 def checkpoint_fingerprint(model_dir: str) -> str:
     """The checkpoint fingerprint of model/fingerprint.h ("xxh3-128:<32 hex>"), or "" when it
     cannot be had: computed with the xxhash module when it is installed, else taken from the
     .parity-fingerprint.json cache the C++ tools leave beside the checkpoint when every file's
-    size, inode and times still match it. Without one, a diff checks the config only."""
-    names = _checkpoint_files(model_dir)
+    size, inode and times still match it. Without one, a diff checks the config only. A shard
+    index or checkpoint file it cannot use raises CaptureError."""
+    model_dir = _path(model_dir, "model directory")
+    try:
+        names = _checkpoint_files(model_dir)
+    except OSError as e:
+        raise CaptureError(f"{model_dir}: cannot list the checkpoint ({e.strerror})") from None
     if not names:
         return ""
     try:
@@ -204,9 +320,7 @@ def checkpoint_fingerprint(model_dir: str) -> str:
         whole = xxhash.xxh3_128()
         for name in sorted(names):
             h = xxhash.xxh3_128()
-            with open(os.path.join(model_dir, name), "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 24), b""):
-                    h.update(chunk)
+            _hash_file(os.path.join(model_dir, name), h)
             digest = h.intdigest()
             text = f"{digest >> 64:016x}{digest & ((1 << 64) - 1):016x}"
             whole.update(name.encode() + b"\0")
@@ -227,23 +341,54 @@ def checkpoint_fingerprint(model_dir: str) -> str:
                 return ""
         fp = cache.get("fingerprint", "")
         return fp if isinstance(fp, str) and fp.startswith("xxh3-128:") else ""
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return ""
 
 
-def _to_numpy(values) -> np.ndarray:
+def _to_numpy(values, what: str) -> np.ndarray:
     """A host NumPy array of any tensor: PyTorch tensors are detached and copied to the host
-    (bfloat16 through float32, exactly)."""
-    if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch.Tensor, imported lazily
-        t = values.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":
-            t = t.float()
-        return t.numpy()
-    return np.asarray(values)
+    (bfloat16 through float32, exactly). What cannot be one (ragged or too deeply nested lists,
+    objects that refuse) raises CaptureError beginning with `what`."""
+    try:
+        if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch.Tensor, imported lazily
+            t = values.detach().cpu()
+            if str(t.dtype) == "torch.bfloat16":
+                t = t.float()
+            values = t.numpy()
+        return np.asarray(values)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - numpy and tensors raise many kinds
+        raise CaptureError(f"{what}: not an array of numbers ({type(e).__name__}: "
+                           f"{_one_line(e, 120)})") from None
 
 
 def _layout_text(layout: int) -> str:
     return "|".join(n for bit, n in _LAYOUT_NAMES.items() if layout & bit) or "DEFAULT"
+
+
+def _guarded(records: bool):
+    """Makes a method of Capture raise CaptureError alone, for whatever goes wrong inside it (a bad
+    argument numpy or h5py trips over, a call with the wrong arguments, a failed write). With
+    `records`, any failure is a refused record: close() will not write the capture."""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except BaseException as e:
+                message = str(e) if isinstance(e, CaptureError) else (
+                    f"capture {self.path or '(no path)'}: {method.__name__}() failed: "
+                    f"{type(e).__name__}: {_one_line(e, 200)}")
+                if records and self._refused is not None:
+                    self._refused.append(message)
+                if isinstance(e, CaptureError):
+                    raise
+                if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                    raise
+                raise CaptureError(message) from e
+        return call
+    return wrap
 
 
 class Capture:
@@ -252,23 +397,25 @@ class Capture:
     record stage rows; close() writes the file (a context manager closes on success and abandons
     on an exception)."""
 
+    # What a half-made Capture (its __init__ refused) holds: nothing to close.
+    path = ""
+    _file = None
+    _tmp = None
+    _refused = None
+
+    @_guarded(records=False)
     def __init__(self, path, model_dir, tokens, port: str = "capture-python",
                  precision: str = "float32", device: str | None = None):
-        self.path = os.fspath(path)
-        self._file = None
-        self._tmp = None
-        if not self.path:
-            raise CaptureError("capture: empty output path")
+        self.path = _path(path, "output path")
         if not isinstance(precision, str) or precision not in _precision.PRESETS:
-            raise CaptureError(f"capture {self.path}: precision {precision!r} is not a preset "
+            raise CaptureError(f"capture {self.path}: precision {_quoted(precision)} is not a preset "
                                f"({', '.join(_precision.preset_names())})")
-        model_dir = os.path.abspath(os.fspath(model_dir))
+        for name, value in (("port", port), ("device", device)):
+            if value is not None and not isinstance(value, str):
+                raise CaptureError(f"capture {self.path}: the {name} is text, not {_quoted(value)}")
+        model_dir = os.path.abspath(_path(model_dir, "model directory"))
         config_path = os.path.join(model_dir, "config.json")
-        try:
-            with open(config_path, encoding="utf-8") as f:
-                raw = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CaptureError(f"capture {self.path}: {config_path}: {e}") from None
+        raw = _read_json(config_path, "config")
         if not isinstance(raw, dict):
             raise CaptureError(f"capture {self.path}: {config_path} is not a JSON object")
         self.config = _Config(raw, config_path)
@@ -285,16 +432,6 @@ class Capture:
         if os.path.isdir(self.path) or (os.path.exists(self.path) and
                                         not stat.S_ISREG(os.stat(self.path).st_mode)):
             raise CaptureError(f"capture {self.path}: exists and is not a regular file")
-        self._tmp = f"{self.path}.tmp-{os.getpid()}"
-        if os.path.lexists(self._tmp):
-            os.remove(self._tmp)
-        self._file = h5py.File(self._tmp, "w", libver="latest", track_order=True)
-        attrs = self._file.attrs
-        self._str(attrs, "format", TRACE_FORMAT)
-        attrs.create("format_version", np.int32(TRACE_FORMAT_VERSION))
-        self._str(attrs, "backend", port or "capture-python")
-        self._str(attrs, "precision", f"{precision}, as declared by the port")
-        self._str(attrs, "config", json.dumps(raw, sort_keys=True))
         fingerprint = checkpoint_fingerprint(model_dir)
         if not fingerprint:
             try:
@@ -305,12 +442,30 @@ class Capture:
                        ".parity-fingerprint.json beside the checkpoint (any gpt-oss-parity tool that "
                        "loads it writes one)")
             warnings.warn(f"capture {self.path}: no checkpoint fingerprint for {model_dir}: {why}; "
-                          "the diff will check the config only", FingerprintWarning, stacklevel=2)
+                          "the diff will check the config only", FingerprintWarning, stacklevel=3)
+        # A temporary name of this capture's own (two captures of one path never share one; the
+        # last to close is the file found there), created exclusively.
+        tmp = f"{self.path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        self._file = h5py.File(tmp, "w-", libver="latest", track_order=True)
+        self._tmp = tmp
+        try:
+            self._write_meta(raw, port, precision, device, fingerprint)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _write_meta(self, raw: dict, port, precision: str, device, fingerprint: str):
+        attrs = self._file.attrs
+        self._str(attrs, "format", TRACE_FORMAT)
+        attrs.create("format_version", np.int32(TRACE_FORMAT_VERSION))
+        self._str(attrs, "backend", _one_line(port) if port else "capture-python")
+        self._str(attrs, "precision", f"{precision}, as declared by the port")
+        self._str(attrs, "config", json.dumps(raw, sort_keys=True))
         self._str(attrs, "checkpoint_fingerprint", fingerprint)
-        self._str(attrs, "model_dir", model_dir)
+        self._str(attrs, "model_dir", self._model_dir)
         self._str(attrs, "tool_version", f"parity_capture.py {CAPTURE_VERSION}")
         self._str(attrs, "commit", "unknown")
-        self._str(attrs, "device", json.dumps({"description": device} if device else {}))
+        self._str(attrs, "device", json.dumps({"description": _one_line(device, 1000)} if device else {}))
         self._str(attrs, "created",
                   datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
         self._str(attrs, "precision_policy", json.dumps(_precision.policy(precision)))
@@ -319,21 +474,32 @@ class Capture:
         self._str(attrs, "run_id", secrets.token_hex(16))
 
     def _checked_tokens(self, tokens) -> list:
-        """Token ids following self.tokens, checked against the vocabulary and the context."""
-        array = np.asarray(_to_numpy(tokens))
+        """Token ids following self.tokens, checked against the vocabulary and the context: one
+        list of integers (a [1, n] batch of one is taken as its row)."""
+        array = _to_numpy(tokens, f"capture {self.path}: token ids")
+        if array.ndim > 1 and any(n != 1 for n in array.shape[:-1]):
+            raise CaptureError(f"capture {self.path}: token ids are one list, not an array of shape "
+                               f"{list(array.shape)}")
         if array.size and array.dtype.kind not in "iu":
             raise CaptureError(f"capture {self.path}: token ids are integers, not {array.dtype}")
-        ids = [int(t) for t in array.reshape(-1)]
+        array = array.reshape(-1)
+        if isinstance(tokens, (list, tuple)) and array.size:  # NumPy reads [True, 2] as integers
+            ids = np.asarray(tokens, dtype=object).reshape(-1)
+            odd = next((t for t in ids if not _is_integer(t)), None)
+            if odd is not None:
+                raise CaptureError(f"capture {self.path}: token ids are integers, not {_quoted(odd)}")
         first = len(self.tokens)
-        if first + len(ids) > self.config.context:
-            raise CaptureError(f"capture {self.path}: {first + len(ids)} tokens, past the context of "
+        if first + array.size > self.config.context:
+            raise CaptureError(f"capture {self.path}: {first + array.size} tokens, past the context of "
                                f"{self._model_dir} ({self.config.context} positions)")
-        for i, t in enumerate(ids):
-            if not 0 <= t < self.config.vocab:
-                raise CaptureError(f"capture {self.path}: token id {t} at position {first + i} is out "
-                                   f"of range for {self._model_dir} (vocabulary 0..{self.config.vocab - 1})")
-        return ids
+        bad = np.nonzero((array < 0) | (array >= self.config.vocab))[0]
+        if bad.size:
+            raise CaptureError(f"capture {self.path}: token id {array[bad[0]]} at position "
+                               f"{first + bad[0]} is out of range for {self._model_dir} (vocabulary "
+                               f"0..{self.config.vocab - 1})")
+        return [int(t) for t in array]
 
+    @_guarded(records=False)
     def append_tokens(self, tokens):
         """Appends token ids at the next positions (a port generating as it goes: record the
         generated token's position after appending it). The file's token list is written at
@@ -342,6 +508,7 @@ class Capture:
             raise CaptureError(f"capture {self.path}: append_tokens() after close() or abandon()")
         self.tokens.extend(self._checked_tokens(tokens))
 
+    @_guarded(records=True)
     def record_cache(self, layer: int, k, v, layout: int = 0):
         """Records the KV-cache rows of positions 0..n-1 of `layer` in one call: k (rotated keys)
         and v, each [n, n_kv_heads, head_dim] (k in ROPE_INTERLEAVED pairs with that layout). A
@@ -351,7 +518,8 @@ class Capture:
         if self._file is None:
             raise CaptureError(f"capture {self.path}: record_cache() after close() or abandon()")
         c = self.config
-        layer, layout = int(layer), int(layout)
+        layer = self._integer("layer", layer, f"capture {self.path}: cache")
+        layout = self._layout(layout, f"capture {self.path}: cache of layer {layer}")
         at = f"capture {self.path}: cache of layer {layer}"
         if not 0 <= layer < c.layers:
             self._refuse(f"{at}: the model has layers 0..{c.layers - 1}")
@@ -362,13 +530,15 @@ class Capture:
             self._refuse(f"{at}: recorded twice")
         rows = []
         for name, values in (("k_rope", k), ("v", v)):
-            a = _to_numpy(values)
+            a = _to_numpy(values, f"{at}: {name}")
             if a.dtype.kind != "f":
                 self._refuse(f"{at}: {name} holds real values: give floats, not {a.dtype}")
             row = c.kv_heads * c.head_dim
             if a.size % row or a.size == 0:
                 self._refuse(f"{at}: {name} has {a.size} values, not a whole number of rows of "
                              f"[{c.kv_heads}, {c.head_dim}]")
+            if a.size // row > len(self.tokens):  # before anything is copied
+                self._refuse(f"{at}: {a.size // row} rows, but the capture has {len(self.tokens)} tokens")
             a = a.reshape(-1, c.kv_heads, c.head_dim)
             if name == "k_rope" and layout & ROPE_INTERLEAVED:
                 a = np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1)
@@ -376,8 +546,6 @@ class Capture:
         if rows[0].shape != rows[1].shape:
             self._refuse(f"{at}: k_rope has {rows[0].shape[0]} rows, v {rows[1].shape[0]}")
         n = rows[0].shape[0]
-        if n > len(self.tokens):
-            self._refuse(f"{at}: {n} rows, but the capture has {len(self.tokens)} tokens")
         if self._cache and n != next(iter(self._cache.values())):
             self._refuse(f"{at}: {n} rows, but the layers recorded before have "
                          f"{next(iter(self._cache.values()))}: every layer caches the same positions")
@@ -422,10 +590,27 @@ class Capture:
             s += f", slot {slot}"
         return s
 
-    def _refuse(self, message: str):
-        self._refused.append(message)
+    @staticmethod
+    def _refuse(message: str):
+        """Refuses a call (a refused record is counted by _guarded: close() will not write)."""
         raise CaptureError(message)
 
+    def _integer(self, name: str, value, at: str) -> int:
+        """An argument that is an exact integer (not a bool, float or string), as an int."""
+        if not _is_integer(value):
+            self._refuse(f"{at}: the {name} is an integer, not {_quoted(value)}")
+        return int(value)
+
+    def _layout(self, value, at: str) -> int:
+        """A layout: flags of this module, combined with |."""
+        layout = self._integer("layout", value, at)
+        known = sum(_LAYOUT_NAMES)
+        if layout < 0 or layout & ~known:
+            self._refuse(f"{at}: layout {layout:#x} has bits that are no layout flag "
+                         f"({_layout_text(known)})")
+        return layout
+
+    @_guarded(records=True)
     def record(self, stage: str, position: int, layer: int, values, slot: int = -1,
                layout: int = 0):
         """Records one stage row (or one expert slot, or one qkv part). `layer` is -1 for the
@@ -435,12 +620,17 @@ class Capture:
         if self._file is None:
             raise CaptureError(f"capture {self.path}: record() after close() or abandon()")
         c = self.config
-        if stage not in _STAGE:
-            self._refuse(f"capture {self.path}: unknown stage {stage!r} (position {position}, "
+        name = stage if isinstance(stage, str) and stage in _STAGE else "?"
+        at = f"capture {self.path}: stage {name}"
+        position = self._integer("position", position, at)
+        layer = self._integer("layer", layer, at)
+        slot = self._integer("slot", slot, at)
+        if name == "?":
+            self._refuse(f"capture {self.path}: unknown stage {_quoted(stage)} (position {position}, "
                          f"layer {layer}); the stages are {', '.join(s[0] for s in STAGES)}")
         _, scope, _, kind = _STAGE[stage]
-        position, layer, slot, layout = int(position), int(layer), int(slot), int(layout)
         at = self._where(stage, position, layer, slot)
+        layout = self._layout(layout, at)
         if not 0 <= position < len(self.tokens):
             self._refuse(f"{at}: the capture has positions 0..{len(self.tokens) - 1} (one per token)")
         if scope == "model" and layer != -1:
@@ -460,7 +650,7 @@ class Capture:
             self._refuse(f"{at}: ROPE_INTERLEAVED does not apply to the v part (v is not rotated)")
         if layout & SINK_FIRST and layout & NO_SINK:
             self._refuse(f"{at}: SINK_FIRST and NO_SINK exclude each other")
-        array = _to_numpy(values)
+        array = _to_numpy(values, f"{at}: values")
         if kind == "index":
             if array.dtype.kind not in "iu":
                 self._refuse(f"{at}: {stage} holds indices: give integers, not {array.dtype}")
@@ -496,6 +686,12 @@ class Capture:
         if pending is not None and pending[1][part]:
             self._refuse(f"{at}: {'this slot' if slot >= 0 else 'this part of qkv'} recorded twice")
 
+        if kind == "index":  # checked before the cast: a uint64 past int64 must not wrap
+            limit = c.experts if stage == "topk_idx" else c.vocab
+            flat = array.reshape(-1)
+            bad = np.nonzero((flat < 0) | (flat >= limit))[0]
+            if bad.size:
+                self._refuse(f"{at}: element {bad[0]} is {flat[bad[0]]}, not an index below {limit}")
         v = array.reshape(-1).astype(np.float64 if kind == "real" else np.int64)
         d = c.head_dim
         if layout & ROPE_INTERLEAVED:
@@ -513,11 +709,6 @@ class Capture:
         if layout & GATE_UP_HALVES:
             m = v.reshape(-1, 2, c.inter)
             v = np.stack([m[:, 0, :], m[:, 1, :]], axis=2).reshape(-1)
-        if kind == "index":
-            limit = c.experts if stage == "topk_idx" else c.vocab
-            bad = np.nonzero((v < 0) | (v >= limit))[0]
-            if bad.size:
-                self._refuse(f"{at}: element {bad[0]} is {v[bad[0]]}, not an index below {limit}")
         f64 = array.dtype == np.float64
         if parts_n == 1:
             self._write(position, layer, stage, v, f64, layout)
@@ -553,6 +744,7 @@ class Capture:
             self._ds_attr(ds, "layout", _layout_text(layout))
         self._written.add((position, layer, stage))
 
+    @_guarded(records=False)
     def close(self):
         """Writes the capture under its name. Refuses (writing nothing) when a record was refused
         or a row was left incomplete."""
@@ -587,16 +779,19 @@ class Capture:
         finally:
             self.abandon()
 
+    @_guarded(records=False)
     def abandon(self):
         """Drops the capture: nothing is written (the temporary file is removed)."""
-        if self._file is not None:
-            try:
-                self._file.close()
-            finally:
-                self._file = None
-        if self._tmp is not None and os.path.exists(self._tmp):
-            os.remove(self._tmp)
-        self._tmp = None
+        try:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                finally:
+                    self._file = None
+        finally:
+            tmp, self._tmp = self._tmp, None
+            if tmp is not None and os.path.lexists(tmp):
+                os.remove(tmp)
 
     def __enter__(self):
         return self

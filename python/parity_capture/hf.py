@@ -237,11 +237,11 @@ def load_model(model_dir: str, dtype: str, device: str, cast_buffers: bool = Fal
     kwargs = {"attn_implementation": "eager"}
     try:
         from transformers import Mxfp4Config
-        import json
         import os
-        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-            quant = json.load(f).get("quantization_config", {})
-        if quant.get("quant_method") == "mxfp4":
+        from . import _read_json
+        raw = _read_json(os.path.join(model_dir, "config.json"), "config")
+        quant = raw.get("quantization_config") if isinstance(raw, dict) else None
+        if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":
             kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
     except ImportError:
         pass
@@ -334,11 +334,13 @@ def main(argv=None) -> int:
         print(f"parity_capture.hf: error: --tokens {args.tokens!r}: comma-separated integers", file=sys.stderr)
         return 2
     try:  # the tokens, before the model is loaded
-        import json
         import os
-        from . import _Config
-        with open(os.path.join(args.model_dir, "config.json"), encoding="utf-8") as f:
-            vocab = _Config(json.load(f), args.model_dir).vocab
+        from . import _Config, _read_json
+        config_path = os.path.join(args.model_dir, "config.json")
+        raw = _read_json(config_path, "config")  # a regular file, capped, whole, bounded nesting
+        if not isinstance(raw, dict):
+            raise CaptureError(f"{config_path} is not a JSON object")
+        vocab = _Config(raw, config_path).vocab
         bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab]
         if bad:
             raise CaptureError(f"token id {bad[0][1]} at position {bad[0][0]} is out of range for "

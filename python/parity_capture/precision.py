@@ -94,7 +94,11 @@ def preset_names() -> list:
 
 
 def policy(name: str) -> dict:
-    """The precision policy of a preset, as the trace's precision_policy attribute holds it."""
+    """The precision policy of a preset, as the trace's precision_policy attribute holds it; a
+    name that is not a preset raises CaptureError."""
+    if not isinstance(name, str) or name not in PRESETS:
+        from . import CaptureError, _quoted  # the package imports this module first
+        raise CaptureError(f"precision {_quoted(name)} is not a preset ({', '.join(PRESETS)})")
     p = PRESETS[name]
     out = {"name": name}
     out.update({k: p[k] for k in FIELDS})
