@@ -157,7 +157,6 @@ struct Partial {
 struct parity_capture {
   std::mutex mutex;
   std::string path;
-  std::string staging;  // this handle's own name for the finished file, renamed to path by close()
   parity::Config config;
   std::vector<int32_t> tokens;
   std::unique_ptr<parity::TraceWriter> writer;
@@ -434,13 +433,6 @@ int run_guarded(parity_capture* c, bool counts_as_refusal, const std::function<v
   return code;
 }
 
-// A name for the finished file that no other handle uses, in the output's directory (a rename
-// stays on one file system): the process id and a counter of the handles it opened.
-std::string staging_name(const std::string& path) {
-  static std::atomic<uint64_t> handles{0};
-  return fmt::format("{}.tmp-{}-{}", path, ::getpid(), handles.fetch_add(1));
-}
-
 // A capture replaces only a regular file (or nothing).
 void refuse_non_regular_output(const std::string& path) {
   struct stat st {};
@@ -457,20 +449,6 @@ void refuse_non_regular_output(const std::string& path) {
            fmt::format("capture {}: exists and is not a regular file; a capture replaces only a "
                        "regular file",
                        path));
-}
-
-// Moves the finished file of a handle into place (the last handle to close a path wins); a
-// failure removes it.
-void publish(const parity_capture& c) {
-  std::error_code ec;
-  std::filesystem::rename(c.staging, c.path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(c.staging, ignored);
-    refuse(PARITY_CAPTURE_ERR_IO,
-           fmt::format("capture {}: cannot move the finished capture into place ({}); not written",
-                       c.path, ec.message()));
-  }
 }
 
 }  // namespace
@@ -552,8 +530,9 @@ int parity_capture_open(parity_capture** out, const char* path, const char* mode
     meta.tokens = c->tokens;
     for (size_t i = 0; i < n_tokens; ++i) meta.positions.push_back(int32_t(i));
     try {
-      c->staging = staging_name(c->path);
-      c->writer = std::make_unique<TraceWriter>(c->staging, std::move(meta));
+      // The writer's temporary name is its own; finish() renames it into place, so the last
+      // handle of a path to close is the file found there.
+      c->writer = std::make_unique<TraceWriter>(c->path, std::move(meta));
     } catch (const Error& e) {
       refuse(PARITY_CAPTURE_ERR_IO, e.what());
     }
@@ -659,7 +638,6 @@ int parity_capture_close(parity_capture** handle) {
     for (size_t i = 0; i < positions.size(); ++i) positions[i] = int32_t(i);
     c.writer->set_tokens(c.tokens, positions);
     c.writer->finish();
-    publish(c);
   });
 }
 

@@ -229,8 +229,9 @@ TEST(TraceFile, WriteIsAtomic) {
   const Config c = small_config();
   TempDir dir;
   const std::string path = dir.file("atomic.h5");
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
   TraceWriter w(path, small_meta(c, "reference"));
+  const std::string tmp = w.temporary_path();
+  EXPECT_NE(tmp.find(fmt::format("{}.tmp-{}-", path, ::getpid())), std::string::npos) << tmp;
   w.record(key(c, 0, kModelLayer, Stage::embedding),
            make_row(c, Stage::embedding, 0, StageData::Type::F64, 1));
   EXPECT_FALSE(fs::exists(path)) << "a trace must not appear under its final name before finish()";
@@ -933,7 +934,7 @@ TEST(TraceFile, FifosAndDevicesAreRefused) {
   expect_error([&] { TraceWriter w(sub, small_meta(c, "reference")); }, {sub, "directory"});
   // A FIFO squatting on the temporary name is not replaced either.
   const std::string out = dir.file("out.h5");
-  const std::string tmp_fifo = fmt::format("{}.tmp-{}", out, ::getpid());
+  const std::string tmp_fifo = TraceWriter::next_temporary_path(out);
   ASSERT_EQ(::mkfifo(tmp_fifo.c_str(), 0600), 0);
   expect_error([&] { TraceWriter w(out, small_meta(c, "reference")); }, {out, "temporary name"});
   EXPECT_TRUE(fs::is_fifo(tmp_fifo));

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -693,6 +694,21 @@ struct TraceWriter::Impl {
   }
 };
 
+namespace {
+// The writers this process has opened: the count in each one's temporary name.
+std::atomic<uint64_t> g_writers{0};
+
+std::string temporary_name(const std::string& path, uint64_t writer) {
+  return fmt::format("{}.tmp-{}-{}", path, ::getpid(), writer);
+}
+}  // namespace
+
+std::string TraceWriter::next_temporary_path(const std::string& path) {
+  return temporary_name(path, g_writers.load());
+}
+
+const std::string& TraceWriter::temporary_path() const { return impl_->tmp_path; }
+
 TraceWriter::TraceWriter(std::string path, TraceMeta meta, std::set<int> positions)
     : impl_(std::make_unique<Impl>()) {
   silence_hdf5();
@@ -709,9 +725,10 @@ TraceWriter::TraceWriter(std::string path, TraceMeta meta, std::set<int> positio
   w.token_positions = std::move(meta.positions);
   w.run = std::move(meta.run);
 
-  // The temporary name carries our pid: one left by a dead process of the same pid is a regular
-  // file and ours to replace; anything else there is not.
-  const std::string tmp = fmt::format("{}.tmp-{}", w.path, ::getpid());
+  // Two writers of one path (threads, two open captures) never share the temporary name: the
+  // last to finish is the file found there. One left by a dead process of the same pid is a
+  // regular file and ours to replace; anything else there is not.
+  const std::string tmp = temporary_name(w.path, g_writers.fetch_add(1));
   struct stat st {};
   if (::lstat(tmp.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode))

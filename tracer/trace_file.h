@@ -116,6 +116,11 @@ class TraceWriter : public Observer {
   // the file is closed once, the temporary file removed, and one Error names the trace and the
   // HDF5 error; later calls are refused.
   void finish();
+  // The name the trace is written under until finish() renames it: the path, the process id and
+  // a count of the process's writers (two writers of one path never share it).
+  const std::string& temporary_path() const;
+  // The temporary name the next writer of `path` in this process takes.
+  static std::string next_temporary_path(const std::string& path);
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
