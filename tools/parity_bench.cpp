@@ -184,9 +184,7 @@ int bench_main(int argc, char** argv) {
   app.add_option("--model", model, "checkpoint directory or preset")->capture_default_str();
   app.add_option("--models-dir", models_dir, "where presets live");
   app.add_option("--backend", backend_name, "reference, cpu-f32, hip")->capture_default_str();
-  app.add_option("--positions", positions, "positions decoded one step each, from 0")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  add_decimal_option(app, "--positions", positions, "positions decoded one step each, from 0", 1);
   app.add_option("--warmup", warmup, "untimed steps first (then the cache restarts at 0)")
       ->capture_default_str();
   app.add_flag("-q,--quiet", quiet, "print only the first position and the summary");

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/tiny_tokenizer.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
 #include "model/forward.h"
@@ -422,7 +422,7 @@ std::string o200k_tokenizer_source(const std::string& flag) {
 }
 
 // Writes DIR/tokenizer.json for the model of `spec`: the o200k_harmony file copied for a model
-// with its vocabulary, the tiny layout (engine/tiny_tokenizer.h) made for a smaller one. Returns
+// with its vocabulary, the tiny layout (tokenizer/tiny_tokenizer.h) made for a smaller one. Returns
 // the line to print. Without the o200k_harmony file: an Error when `required`, else a note.
 std::string write_tokenizer(const SynthSpec& spec, const std::string& source,
                             const std::string& dir, bool required) {
@@ -503,21 +503,19 @@ int synth_main(int argc, char** argv) {
   auto* g = app.add_option_group("custom dimensions",
                                  "override the preset's (the result is preset \"custom\")");
   std::vector<CLI::Option*> dims = {
-      g->add_option("--hidden", hidden, "hidden_size (multiple of 32)")->check(CLI::PositiveNumber),
-      g->add_option("--layers", layers, "num_hidden_layers (sliding/full alternate)")
-          ->check(CLI::PositiveNumber),
-      g->add_option("--heads", heads, "num_attention_heads")->check(CLI::PositiveNumber),
-      g->add_option("--kv-heads", kv_heads, "num_key_value_heads")->check(CLI::PositiveNumber),
-      g->add_option("--head-dim", head_dim, "head_dim (even)")->check(CLI::PositiveNumber),
-      g->add_option("--intermediate", inter, "intermediate_size (multiple of 32)")
-          ->check(CLI::PositiveNumber),
-      g->add_option("--experts", experts, "num_local_experts")->check(CLI::PositiveNumber),
-      g->add_option("--topk", topk, "num_experts_per_tok")->check(CLI::PositiveNumber),
-      g->add_option("--vocab", vocab, "vocab_size")->check(CLI::PositiveNumber),
-      g->add_option("--window", window, "sliding_window")->check(CLI::PositiveNumber),
+      add_decimal_option(*g, "--hidden", hidden, "hidden_size (multiple of 32)", 1),
+      add_decimal_option(*g, "--layers", layers, "num_hidden_layers (sliding/full alternate)", 1),
+      add_decimal_option(*g, "--heads", heads, "num_attention_heads", 1),
+      add_decimal_option(*g, "--kv-heads", kv_heads, "num_key_value_heads", 1),
+      add_decimal_option(*g, "--head-dim", head_dim, "head_dim (even)", 1),
+      add_decimal_option(*g, "--intermediate", inter, "intermediate_size (multiple of 32)", 1),
+      add_decimal_option(*g, "--experts", experts, "num_local_experts", 1),
+      add_decimal_option(*g, "--topk", topk, "num_experts_per_tok", 1),
+      add_decimal_option(*g, "--vocab", vocab, "vocab_size", 1),
+      add_decimal_option(*g, "--window", window, "sliding_window", 1),
   };
-  app.add_option("--shards", shards, "number of safetensors files (default: the preset's)")
-      ->check(CLI::PositiveNumber);
+  add_decimal_option(app, "--shards", shards,
+                     "number of safetensors files (default: the preset's)", 1);
   app.add_flag("--no-stats", no_stats, "skip the reference forward and its figures");
   app.add_flag("--tokenizer-only", tokenizer_only,
                "write only DIR/tokenizer.json: o200k_harmony for 20b/120b (see --tokenizer), the "
@@ -526,9 +524,9 @@ int synth_main(int argc, char** argv) {
                  "the o200k_harmony tokenizer.json that 20b/120b copy (default: "
                  "$PARITY_TOKENIZER_ORACLE_DIR/tokenizer.json, else "
                  "<build>/oracle/o200k_harmony/tokenizer.json from scripts/tokenizer_oracle.sh)");
-  app.add_option("--stats-positions", positions,
-                 "positions in the reference forward (default: 16 for tiny, 2 for 20b/120b)")
-      ->check(CLI::PositiveNumber);
+  add_decimal_option(app, "--stats-positions", positions,
+                     "positions in the reference forward (default: 16 for tiny, 2 for 20b/120b)",
+                     1);
   app.add_flag("--progress,!--no-progress", progress,
                "progress bar on stderr (default: when it is a terminal)");
   if (const auto done = parse_command_line(app, "parity-synth", argc, argv)) return *done;

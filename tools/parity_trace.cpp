@@ -365,10 +365,10 @@ int trace_main(int argc, char** argv) {
   app.add_option("--inject", inject_text,
                  "fault injection on the candidate: STAGE:LAYER[:add|nan|zero], or STAGE[:MODE] at "
                  "model scope");
-  app.add_option("--generate", generate,
-                 "after the prompt, N greedy decode steps on both sides; the sampled token is a "
-                 "traced decision")
-      ->check(CLI::NonNegativeNumber);
+  add_decimal_option(app, "--generate", generate,
+                     "after the prompt, N greedy decode steps on both sides; the sampled token is "
+                     "a traced decision",
+                     0);
   app.add_flag("--free-run", free_run,
                "generated tokens follow the candidate's argmax (default: the reference's); both "
                "sides always see the same tokens");
