@@ -8,7 +8,7 @@
 
 #include "device/runtime/kv_blocks.h"
 #include "engine/graph_runner.h"
-#include "engine/harmony.h"
+#include "tokenizer/harmony.h"
 #include "model/error.h"
 #include "model/untrusted.h"
 

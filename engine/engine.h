@@ -25,7 +25,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/step_runner.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "engine/work_queue.h"
 #include "model/backend.h"
 
@@ -96,7 +96,7 @@ class Engine {
 
 // The model's stop tokens: generation_config.json's eos_token_id (a number or a list) in
 // `model_dir` when there is one, else the harmony stop tokens of `tokenizer`
-// (engine/harmony.h). A malformed generation_config.json is an Error naming it.
+// (tokenizer/harmony.h). A malformed generation_config.json is an Error naming it.
 std::vector<TokenId> model_stop_tokens(const std::string& model_dir, const Tokenizer& tokenizer);
 
 // The stop tokens of a generation_config.json's text (`source` names it in errors): its

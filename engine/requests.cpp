@@ -6,7 +6,7 @@
 #include <cctype>
 #include <charconv>
 
-#include "engine/utf8.h"
+#include "tokenizer/utf8.h"
 #include "model/error.h"
 #include "model/untrusted.h"
 

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace parity {
 

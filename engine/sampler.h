@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace parity {
 

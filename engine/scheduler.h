@@ -14,7 +14,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "model/backend.h"
 
 namespace parity {

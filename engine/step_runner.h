@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "model/backend.h"
 
 namespace parity {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace parity {
 

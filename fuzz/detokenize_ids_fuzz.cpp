@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "engine/requests.h"
-#include "engine/tiny_tokenizer.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "fuzz/fuzz_check.h"
 #include "model/error.h"
 

@@ -1,4 +1,4 @@
-// Fuzzes the tokenizer (engine/tokenizer.h): the tokenizer.json reader, and encoding and
+// Fuzzes the tokenizer (tokenizer/tokenizer.h): the tokenizer.json reader, and encoding and
 // decoding of arbitrary text. An input that starts with '{' is a tokenizer.json; anything else
 // is text for the tiny preset's tokenizer (built once).
 //
@@ -13,8 +13,8 @@
 #include <string_view>
 
 #include "fuzz/fuzz_check.h"
-#include "engine/tiny_tokenizer.h"
-#include "engine/tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "model/error.h"
 
 namespace {

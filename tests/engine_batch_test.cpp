@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "engine/engine.h"
-#include "engine/tiny_tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/forward.h"
 #include "tests/test_util.h"

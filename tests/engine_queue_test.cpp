@@ -7,7 +7,7 @@
 #include "device/runtime/kv_blocks.h"
 #include "engine/engine.h"
 #include "engine/graph_runner.h"
-#include "engine/tiny_tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
 #include "tests/test_util.h"

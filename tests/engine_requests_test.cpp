@@ -3,7 +3,7 @@
 #include <sys/stat.h>
 
 #include "engine/requests.h"
-#include "engine/tiny_tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
 #include "model/error.h"
 #include "tests/test_util.h"
 

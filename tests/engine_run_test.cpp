@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
-#include "engine/tiny_tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
 #include "model/forward.h"

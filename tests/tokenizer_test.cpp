@@ -1,9 +1,9 @@
-// The o200k_harmony tokenizer (engine/tokenizer.h): merge ranks, special tokens, the streaming
+// The o200k_harmony tokenizer (tokenizer/tokenizer.h): merge ranks, special tokens, the streaming
 // decoder, invalid UTF-8 and bad files on small hand-made tokenizer.json files; the tiny model's
 // tokenizer against a naive BPE; and the oracle test, zero mismatches against js-tiktoken's
 // o200k_base encodings of tests/data/tokenizer_corpus.txt and of random texts
 // (scripts/tokenizer_oracle.sh writes them; the test skips only when they are absent).
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -17,10 +17,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "engine/harmony.h"
-#include "engine/pretokenizer.h"
-#include "engine/tiny_tokenizer.h"
-#include "engine/utf8.h"
+#include "tokenizer/harmony.h"
+#include "tokenizer/pretokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
+#include "tokenizer/utf8.h"
 #include "model/error.h"
 #include "model/untrusted.h"
 #include "tests/test_util.h"
@@ -467,7 +467,7 @@ std::vector<std::string> corpus_cases() {
 }
 
 // BPE the slow, obvious way, from the file's own merges: the reference the heap version of
-// engine/tokenizer.cpp must agree with.
+// tokenizer/tokenizer.cpp must agree with.
 class NaiveBpe {
  public:
   explicit NaiveBpe(const json& j) {

@@ -1,4 +1,4 @@
-#include "engine/harmony.h"
+#include "tokenizer/harmony.h"
 
 #include <string>
 

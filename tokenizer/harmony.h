@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace parity {
 

@@ -1,11 +1,11 @@
-#include "engine/pretokenizer.h"
+#include "tokenizer/pretokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #include <array>
 
-#include "engine/utf8.h"
+#include "tokenizer/utf8.h"
 #include "model/error.h"
 #include "model/untrusted.h"
 

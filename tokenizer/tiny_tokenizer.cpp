@@ -1,11 +1,11 @@
-#include "engine/tiny_tokenizer.h"
+#include "tokenizer/tiny_tokenizer.h"
 
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
 
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "model/error.h"
 
 namespace parity {

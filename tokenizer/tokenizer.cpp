@@ -1,4 +1,4 @@
-#include "engine/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <sys/stat.h>
 
@@ -9,8 +9,8 @@
 #include <queue>
 #include <unordered_map>
 
-#include "engine/pretokenizer.h"
-#include "engine/utf8.h"
+#include "tokenizer/pretokenizer.h"
+#include "tokenizer/utf8.h"
 #include "model/error.h"
 #include "model/untrusted.h"
 

@@ -12,7 +12,7 @@
 // merge each piece's bytes, always the adjacent pair of lowest merge rank, leftmost on a tie. A
 // piece that is a whole token is that token when `ignore_merges` is set (o200k: it is).
 //
-// Where the regex engines differ (engine/pretokenizer.h): U+0085 (NEL) is whitespace here as in
+// Where the regex engines differ (tokenizer/pretokenizer.h): U+0085 (NEL) is whitespace here as in
 // tiktoken's Rust regex, not in PCRE2 alone. JavaScript (js-tiktoken, the oracle of
 // tests/tokenizer_test.cpp) counts U+FEFF and not U+0085 as \s, and matches the contractions
 // ('s, 't, ...) in ASCII only where tiktoken and PCRE2 fold case over Unicode ('ſ is 's): the

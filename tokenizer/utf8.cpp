@@ -1,4 +1,4 @@
-#include "engine/utf8.h"
+#include "tokenizer/utf8.h"
 
 namespace parity {
 

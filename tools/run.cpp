@@ -24,12 +24,12 @@
 #include "device/runtime/options.h"
 #include "engine/engine.h"
 #include "engine/graph_runner.h"
-#include "engine/harmony.h"
+#include "tokenizer/harmony.h"
 #include "engine/progress.h"
 #include "engine/requests.h"
-#include "engine/tiny_tokenizer.h"
-#include "engine/tokenizer.h"
-#include "engine/utf8.h"
+#include "tokenizer/tiny_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
 #include "model/untrusted.h"
@@ -48,7 +48,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // The first id of o200k_harmony's special tokens: a model with a smaller vocabulary uses the tiny
-// layout (engine/tiny_tokenizer.h) when its directory has no tokenizer.json.
+// layout (tokenizer/tiny_tokenizer.h) when its directory has no tokenizer.json.
 constexpr int kO200kSpecialStart = 199998;
 
 // A text or token id file for tokenize and detokenize: read whole, so bounded.
