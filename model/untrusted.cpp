@@ -36,20 +36,72 @@ std::string Quoted::operator()(std::string_view s, size_t cap) const {
   return out;
 }
 
-std::string one_line(std::string_view m, size_t cap) {
-  std::string out;
-  const size_t n = std::min(m.size(), cap);
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(m[i]);
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c < 0x20 || c == 0x7f)
-      out += fmt::format("\\x{:02x}", c);
-    else
-      out += char(c);
+namespace {
+
+// The length of the valid UTF-8 sequence starting at s[i] (1 to 4), or 0 when the bytes there
+// are not one: a stray continuation byte, an overlong form, a surrogate, a code point past
+// U+10FFFF, or a sequence cut short.
+size_t utf8_sequence(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;  // overlong
+    if (c == 0xed) hi = 0x9f;  // surrogates
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;  // overlong
+    if (c == 0xf4) hi = 0x8f;  // past U+10FFFF
+  } else {
+    return 0;
   }
+  if (i + n > s.size() || b(1) < lo || b(1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (b(k) < 0x80 || b(k) > 0xbf) return 0;
+  return n;
+}
+
+// Untrusted bytes as printable UTF-8: C0 and C1 controls, DEL and the bytes of invalid UTF-8 as
+// \xNN; newline and tab kept when `keep_lines`, else newline and carriage return as \n and \r.
+std::string escape_untrusted(std::string_view s, bool keep_lines) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence(s, i);
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (n == 1 && !keep_lines && (c == '\n' || c == '\r')) {
+      out += c == '\n' ? "\\n" : "\\r";
+      ++i;
+      continue;
+    }
+    // C1 controls (U+0080..U+009F) are two bytes, C2 80..C2 9F: a terminal reads U+009B as CSI.
+    const bool kept_control = keep_lines && (c == '\n' || c == '\t');
+    const bool c1 = n == 2 && c == 0xc2 && static_cast<unsigned char>(s[i + 1]) < 0xa0;
+    const bool control = n == 1 ? (c < 0x20 && !kept_control) || c == 0x7f : c1;
+    const size_t take = n == 0 ? 1 : n;
+    if (n == 0 || control) {
+      for (size_t k = 0; k < take; ++k)
+        out += fmt::format("\\x{:02x}", static_cast<unsigned char>(s[i + k]));
+    } else {
+      out.append(s.substr(i, n));
+    }
+    i += take;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string printable_text(std::string_view bytes) { return escape_untrusted(bytes, true); }
+
+std::string one_line(std::string_view m, size_t cap) {
+  const size_t n = std::min(m.size(), cap);
+  std::string out = escape_untrusted(m.substr(0, n), false);
   if (m.size() > n) out += fmt::format("... ({} more bytes)", m.size() - n);
   return out;
 }

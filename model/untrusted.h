@@ -20,9 +20,16 @@ struct Quoted {
 };
 inline constexpr Quoted quoted{};
 
-// A message as one line: control characters (newlines, escapes) written as \n, \x1b, ...; longer
-// than `cap` bytes, cut there with "... (N more bytes)". Printable text, UTF-8 included, is kept.
+// A message as one line: control characters (newlines, escapes, C1 controls) and the bytes of
+// invalid UTF-8 written as \n, \x1b, \xc2\x9b, \xff ...; longer than `cap` bytes, cut there with
+// "... (N more bytes)". Printable text, valid UTF-8 included, is kept.
 std::string one_line(std::string_view message, size_t cap = 4000);
+
+// Untrusted bytes for a text report or a terminal: valid UTF-8 with no control character but
+// newline and tab. Every other C0 or C1 control character (ESC, BEL, CSI, DEL, ...) and every
+// byte of an invalid UTF-8 sequence is written as \xNN; everything else is kept. Idempotent.
+// (tracer/escape.h builds the markup and JSON forms of the reports on it.)
+std::string printable_text(std::string_view bytes);
 
 // Throws parity::Error unless `path` names a regular file (not a directory, FIFO, socket or
 // device; a symbolic link is followed) of at most max_bytes; `what` says what the file is for

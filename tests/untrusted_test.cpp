@@ -32,9 +32,12 @@ TEST(Untrusted, QuotedEscapesAndCaps) {
       << "the cap counts escapes as shown";
 }
 
-TEST(Untrusted, OneLineEscapesControlCharactersOnly) {
+TEST(Untrusted, OneLineEscapesControlCharactersAndInvalidUtf8Only) {
   EXPECT_EQ(one_line("a.h5: bad\nline \"x\" \xc3\x97"), "a.h5: bad\\nline \"x\" \xc3\x97");
   EXPECT_EQ(one_line(std::string(10, 'y'), 4), "yyyy... (6 more bytes)");
+  // What a terminal would act on or cannot show: C1 controls (CSI), DEL, invalid UTF-8.
+  EXPECT_EQ(one_line("a\xc2\x9b" "31mb\x7f\xff\xc3"), "a\\xc2\\x9b31mb\\x7f\\xff\\xc3");
+  EXPECT_EQ(one_line("tab\there\r"), "tab\\x09here\\r");
 }
 
 TEST(Untrusted, RegularFilesOnly) {

@@ -6,12 +6,12 @@
 #include <string>
 #include <string_view>
 
+#include "model/untrusted.h"
+
 namespace parity {
 
-// Text for a text report or a terminal: valid UTF-8 with no control characters but newline and
-// tab. Every other C0 or C1 control character (ESC, BEL, CSI, DEL, ...) and every byte of an
-// invalid UTF-8 sequence is written as \xNN; everything else is kept as it is. Idempotent.
-std::string printable_text(std::string_view bytes);
+// Text for a text report or a terminal: printable_text, from model/untrusted.h (error lines use
+// the same escaping through one_line).
 
 // Text for HTML or XML element content and attribute values: printable_text, then & < > " '
 // as entities. (XML 1.0 allows no control character but tab, newline and carriage return.)
