@@ -139,7 +139,7 @@ typedef struct parity_capture_options {
   const char* port;
   /* How the port rounds, as a preset name (NULL: "float32"): "float64", "float32", "bfloat16",
    * "float16" (stored in that format, computed in float32 inside each stage), "vllm-like",
-   * "transformers-f64", "transformers-f32", "transformers-bf16", "transformers-f16". The error
+   * "bf16-operands", "transformers-f64", "transformers-f32", "transformers-bf16", "transformers-f16". The error
    * bounds each stage is held to are derived from it (README "Verdict of a capture"; what each
    * preset declares: model/precision.h, python/parity_capture/precision.py). */
   const char* precision;

@@ -14,6 +14,20 @@
 
 namespace parity::device {
 
+// The precision of the products on MMA tiles (the projections and the MXFP4 experts), a
+// property of the device runtime (DeviceOptions::precision) that every launch reads:
+//   fp32  exact: each float32 input split into three BF16 parts that sum to it (hi, mid, lo),
+//         three products per weight, float32 accumulation (the traced default)
+//   bf16  each input rounded once to BF16, to nearest even (the hi part alone): one product per
+//         weight, float32 accumulation, as production engines feed the tensor cores
+// Everything else (norms, RoPE, attention, the router, sums, the GEMV of F16/F32 weights) runs in
+// float32 in both.
+enum class Precision : int { fp32, bf16 };
+// The split parts a product of `p` uses.
+PARITY_HOST_DEVICE constexpr int precision_parts(Precision p) {
+  return p == Precision::fp32 ? 3 : 1;
+}
+
 // Element type of a matrix kept on the device in its checkpoint dtype.
 enum class WeightType : int { bf16, f16, f32 };
 

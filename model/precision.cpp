@@ -96,6 +96,17 @@ PrecisionPolicy vllm_like() {
   return p;
 }
 
+// Float32 activations whose products round their input once to BF16 for the tensor cores (the
+// projections, the experts and lm_head; weights exact in BF16 or MXFP4), float32 accumulation:
+// the `hip` backend's bf16 precision (device/kernel_types.h), and any port that keeps float32
+// activations but feeds BF16 operands to its GEMMs.
+PrecisionPolicy bf16_operands() {
+  PrecisionPolicy p = named("bf16-operands", format(kUnitFloat32, kUnitFloat32, kUnitFloat32, 4, 0x1p-126));
+  for (Stage s : {Stage::qkv, Stage::o_proj, Stage::mlp1, Stage::mlp2, Stage::logits})
+    own(p, s).operand = kUnitBfloat16;
+  return p;
+}
+
 std::vector<PrecisionPolicy> presets() {
   return {
       named("float64", format(kUnitFloat64, kUnitFloat64, kUnitFloat64, 2, 0x1p-1022)),
@@ -103,6 +114,7 @@ std::vector<PrecisionPolicy> presets() {
       named("bfloat16", format(kUnitBfloat16, kUnitFloat32, kUnitFloat32, 4, 0x1p-126)),
       named("float16", format(kUnitFloat16, kUnitFloat32, kUnitFloat32, 4, 0x1p-14)),
       vllm_like(),
+      bf16_operands(),
       transformers("transformers-f64", kUnitFloat64, 0x1p-1022),
       transformers("transformers-f32", kUnitFloat32, 0x1p-126),
       transformers("transformers-bf16", kUnitBfloat16, 0x1p-126),
@@ -232,7 +244,7 @@ PrecisionPolicy PrecisionPolicy::preset(std::string_view name) {
 }
 
 std::vector<std::string_view> PrecisionPolicy::preset_names() {
-  return {"float64", "float32", "bfloat16", "float16", "vllm-like",
+  return {"float64", "float32", "bfloat16", "float16", "vllm-like", "bf16-operands",
           "transformers-f64", "transformers-f32", "transformers-bf16", "transformers-f16"};
 }
 

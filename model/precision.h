@@ -22,7 +22,7 @@
 //   min_normal         below it a correct implementation may flush to zero
 // The presets (preset_names(); python/parity_capture/precision.py is their Python twin) name the
 // ports people run: float64, float32, bfloat16 and float16 (stored in that format, computed in
-// float32 inside each stage), vllm-like, transformers-f64/-f32/-bf16/-f16.
+// float32 inside each stage), vllm-like, bf16-operands, transformers-f64/-f32/-bf16/-f16.
 #pragma once
 #include <array>
 #include <nlohmann/json.hpp>

@@ -6,6 +6,8 @@
 #include <iostream>
 #include <limits>
 
+#include <fmt/ranges.h>
+
 #include "model/config.h"
 #include "model/error.h"
 #include "model/untrusted.h"
@@ -47,6 +49,18 @@ int parse_positive_int(const std::string& value, const char* name) {
   return v;
 }
 
+std::string_view precision_name(Precision p) {
+  return p == Precision::bf16 ? "bf16" : "fp32";
+}
+std::vector<std::string_view> precision_names() {
+  return {precision_name(Precision::fp32), precision_name(Precision::bf16)};
+}
+Precision parse_precision(std::string_view name, std::string_view option) {
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    if (name == precision_name(p)) return p;
+  fail("{} {}: not a precision ({})", option, quoted(name, 40), fmt::join(precision_names(), ", "));
+}
+
 namespace {
 const char* environment(const char* name) {
   const char* v = std::getenv(name);
@@ -72,6 +86,8 @@ DeviceOptions device_options_from_environment() {
     if (g != "0" && g != "1") fail("PARITY_DEVICE_GRAPHS={}: expected 0 or 1", quoted(g));
     o.graphs = g == "1";
   }
+  if (const char* v = environment("PARITY_DEVICE_PRECISION"))
+    o.precision = parse_precision(v, "PARITY_DEVICE_PRECISION");
   o.log = [](const std::string& line) { std::cerr << line; };
   return o;
 }

@@ -8,6 +8,10 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "device/kernel_types.h"
 
 namespace parity {
 struct Config;
@@ -46,6 +50,8 @@ struct DeviceOptions {
   // step instead of one per kernel. Off with sync_after_launch (a graph cannot synchronize
   // between its kernels).
   bool graphs = true;
+  // The products' precision (device/kernel_types.h): fp32 exact, or bf16 inputs.
+  Precision precision = Precision::fp32;
   // Verbose messages (the memory report at load); null: silent.
   std::function<void(const std::string&)> log;
 
@@ -63,10 +69,19 @@ struct DeviceOptions {
 //                              of 1024), or "free" for 90 % of the free memory; default: room
 //                              for 4 sequences of the context
 //   PARITY_DEVICE_SYNC         1: synchronize after every launch (names a faulting kernel)
+//   PARITY_DEVICE_PRECISION    fp32 (default) or bf16: the products' precision (the tools'
+//                              --precision sets it)
 //   PARITY_DEVICE_GRAPHS       0: launch every kernel of an untraced step on its own (default 1:
 //                              the step as one captured graph)
 // The memory report at load goes to standard error. The device is the current one.
 DeviceOptions device_options_from_environment();
+
+// "fp32", "bf16".
+std::string_view precision_name(Precision p);
+std::vector<std::string_view> precision_names();
+// The precision `name` names; throws parity::Error "<option> NAME: not a precision (fp32, bf16)"
+// (the name quoted, capped) otherwise.
+Precision parse_precision(std::string_view name, std::string_view option);
 
 // The parser behind its counts, on a value given as text (`name` is the variable, for the
 // message); byte sizes are read by parity::parse_byte_size (model/untrusted.h).
