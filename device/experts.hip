@@ -296,8 +296,9 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_pairs_by_expert(
 // added, then one float32 add), in pair mode through mma_block_parts_as_columns (the pair's three
 // parts as the tile's columns: one load per lane, two MMA steps instead of six, the same bits).
 // Every output element sees the same sequence of operations whatever MT, NT and the
-// tile's other pairs are: a row's result does not depend on the batch.
-template <bool kSwiGLU, bool kGrouped, int MT, int NT>
+// tile's other pairs are: a row's result does not depend on the batch. P: the parts the products
+// use (precision_parts; mma_block).
+template <int P, bool kSwiGLU, bool kGrouped, int MT, int NT>
 __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
     f32_mxfp4w_moe_mma(const MoeArgs a, int pairs, const int32_t* routing, const uint4* split) {
   constexpr int kRows = 16 * MT, kCols = 8 * NT;
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
   // (mma_block_parts_as_columns): each lane loads one part, one MMA chain computes all three.
   constexpr bool kPartsAsColumns = !kGrouped;
   static_assert(kGrouped || NT == 1, "pair mode takes one pair a tile");
-  constexpr int kParts = kPartsAsColumns ? 1 : 3;
+  constexpr int kParts = kPartsAsColumns ? 1 : P;
   // Pair mode is launched to overlap the end of the kernel before (launch_programmatic): it waits
   // for that kernel before reading what it may write (the expert indices unless a.idx_settled,
   // the split inputs) and before writing anything; with settled indices its first tile's first
@@ -375,8 +376,8 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
       const int n = 8 * j + g < np ? 8 * j + g : 0;
       const int p = pair_at(n), r = p / k, slot = p % k;
       const int64_t v = int64_t(r) * x_row_stride + int64_t(slot) * x_slot_stride;
-      bp[j] =
-          split + (v / 32 + 2 * c_begin) * 12 + t + (kPartsAsColumns ? 4 * mma_part_column(g) : 0);
+      bp[j] = split + (v / 32 + 2 * c_begin) * 12 + t +
+              (kPartsAsColumns ? 4 * mma_part_column<P>(g) : 0);
     }
     // A: the lane's 16 bytes of each chunk of row tiles j0 / 16 + m (Mxfp4Packing: words t of
     // rows g and g + 8, blocks 2c and 2c + 1) and its 4 scale bytes (the same rows and blocks).
@@ -488,7 +489,7 @@ __global__ void __launch_bounds__(kMmaThreads, (kMoeBlocksPerSm<kGrouped, NT>))
           uint32_t ar[MT][2][4];
           mxfp4_chunk_block<b>(w, s, small_scales, ar);
           if constexpr (kPartsAsColumns)
-            mma_block_parts_as_columns(acc, ar, bx[b][0][0]);
+            mma_block_parts_as_columns<P>(acc, ar, bx[b][0][0]);
           else
             mma_block(acc, ar, bx[b]);
         });
@@ -545,16 +546,16 @@ constexpr int kWideMoeBlocksPerSm = 4;
 // through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps as in
 // f32_mxfp4w_moe_mma. 16 and 8 pairs from about 16 and 8 per expert (batched decode, prefill;
 // moe_tiling).
-template <bool kSwiGLU, int NT>
+template <int P, bool kSwiGLU, int NT>
 __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm)
     f32_mxfp4w_moe_mma_wide(const MoeArgs a, const int32_t* routing, const uint4* split) {
   constexpr int MT = 2, kCols = 8 * NT;
-  using Stager = WideStager<kCols>;
+  using Stager = WideStager<kCols, P>;
   const int lane = int(threadIdx.x) % kMmaLanes, warp = int(threadIdx.x) / kMmaLanes;
   const int g = lane / 4, t = lane % 4;
   const int j0 = int(blockIdx.x) * kWideRows + 32 * warp;  // the warp's first row
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
-  __shared__ WideStaged<kCols> staged;
+  __shared__ WideStaged<kCols, P> staged;
   __shared__ WideQuarters<MT, NT> quarters;
   const int k = a.k;
   const uint4* const packed_blocks = reinterpret_cast<const uint4*>(a.blocks);
@@ -641,7 +642,7 @@ __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm)
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
           if (2 * c + b >= groups) return;  // block-uniform
-          uint4 bx[kSplitParts][NT];
+          uint4 bx[P][NT];
           wide_b_fragments(staged, c, b, g, t, bx);
           uint32_t ar[MT][2][4];
           mxfp4_chunk_block<b>(w, s, small_scales, ar);
@@ -791,14 +792,14 @@ void require_mxfp4(const ExpertWeights& w, const float* x, int x_row_stride, int
                         "aligned");
 }
 
-template <bool kSwiGLU, int MT, int NT>
+template <int P, bool kSwiGLU, int MT, int NT>
 void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4* split,
                 int64_t tiles_bound, bool wide, hipStream_t stream) {
   const dim3 grid(unsigned(ceil_div(a.out, 16 * MT)),
                   unsigned(std::min<int64_t>(tiles_bound, 65535)));
   if constexpr (NT == 1) {  // pair mode takes one pair per tile
     if (routing == nullptr) {
-      HIP_CHECK(launch_programmatic(&f32_mxfp4w_moe_mma<kSwiGLU, false, MT, NT>, grid,
+      HIP_CHECK(launch_programmatic(&f32_mxfp4w_moe_mma<P, kSwiGLU, false, MT, NT>, grid,
                                     dim3(kMmaThreads), 0, stream, a, pairs, routing, split));
       HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
       return;
@@ -806,7 +807,7 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
   }
   if constexpr (NT == 1) {  // grouped 8-pair tiles: 32 rows a block, or wide
     if (!wide) {
-      f32_mxfp4w_moe_mma<kSwiGLU, true, MT, NT>
+      f32_mxfp4w_moe_mma<P, kSwiGLU, true, MT, NT>
           <<<grid, kMmaThreads, 0, stream>>>(a, pairs, routing, split);
       HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma", stream);
       return;
@@ -814,7 +815,7 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
   }
   // Four warps on 128 rows of 8 NT pairs (16-pair tiles are always wide).
   const dim3 wide_grid(unsigned(ceil_div(a.out, kWideRows)), grid.y);
-  f32_mxfp4w_moe_mma_wide<kSwiGLU, NT><<<wide_grid, kMmaThreads, 0, stream>>>(a, routing, split);
+  f32_mxfp4w_moe_mma_wide<P, kSwiGLU, NT><<<wide_grid, kMmaThreads, 0, stream>>>(a, routing, split);
   HIP_LAUNCH_CHECK("f32_mxfp4w_moe_mma_wide", stream);
 }
 
@@ -917,17 +918,23 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
   if (!ws.split_ready) launch_split_bf16x3(x, x_floats, ws.split, stream);
   const uint4* split = reinterpret_cast<const uint4*>(ws.split.data());
   const int np = int(pairs);
-  if (nt == 1) {
-    if (act != nullptr)
-      launch_mma<true, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
-    else
-      launch_mma<false, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
-  } else {
-    if (act != nullptr)
-      launch_mma<true, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
-    else
-      launch_mma<false, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
-  }
+  const auto launch = [&]<int P>() {
+    if (nt == 1) {
+      if (act != nullptr)
+        launch_mma<P, true, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
+      else
+        launch_mma<P, false, 2, 1>(a, np, routing, split, tiles_bound, tiling.wide, stream);
+    } else {
+      if (act != nullptr)
+        launch_mma<P, true, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
+      else
+        launch_mma<P, false, 2, 2>(a, np, routing, split, tiles_bound, true, stream);
+    }
+  };
+  if (ws.precision == Precision::bf16)
+    launch.template operator()<1>();
+  else
+    launch.template operator()<kSplitParts>();
 }
 
 }  // namespace detail

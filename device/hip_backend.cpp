@@ -39,18 +39,31 @@ class HipBackend final : public Backend {
   HipBackend(const Model& m, const DeviceOptions& options) : rt_(m, options), c_(m.config) {}
 
   std::string name() const override { return "hip"; }
+  // The text and policy of the runtime's precision (DeviceOptions::precision).
   std::string precision() const override {
-    return "weights in checkpoint dtypes on the device (BF16/F16/F32 matrices, MXFP4 experts "
+    const bool bf16 = rt_.precision() == Precision::bf16;
+    return std::string(bf16 ? "bf16: " : "fp32: ") +
+           "weights in checkpoint dtypes on the device (BF16/F16/F32 matrices, MXFP4 experts "
            "decoded exactly in-kernel; biases and sinks as exact float32 copies), float32 "
            "activations and KV cache, float32 accumulation with explicit fma in a fixed order, "
-           "no other contraction (" PARITY_DEVICE_FP_CONTRACT "); MXFP4 experts and BF16 "
-           "projections on BF16 MMA tiles with exact products (weights exact in BF16, inputs "
-           "split into three BF16 parts summing exactly) and float32 accumulation per block of "
-           "32 and part, the parts then added in float32; precise expf/sinf/cosf/sqrtf";
+           "no other contraction (" PARITY_DEVICE_FP_CONTRACT
+           "); MXFP4 experts and BF16 "
+           "projections on BF16 MMA tiles " +
+           (bf16 ? "with each input rounded once to BF16 (nearest even) and float32 "
+                   "accumulation per block of 32"
+                 : "with exact products (weights exact in BF16, inputs split into three BF16 "
+                   "parts summing exactly) and float32 accumulation per block of 32 and part, "
+                   "the parts then added in float32") +
+           "; precise expf/sinf/cosf/sqrtf";
   }
   // CUDA's and HIP's expf, sinf, cosf and sqrtf (no fast-math) are within 2 ulp; the policy
-  // allows twice that.
-  PrecisionPolicy precision_policy() const override { return PrecisionPolicy::float32(4); }
+  // allows twice that. bf16: the products' inputs are BF16 operands (the bf16-operands preset;
+  // it declares them for every product stage, the GEMV of F16/F32 weights included, which
+  // rounds nothing: a bound, not the exact error).
+  PrecisionPolicy precision_policy() const override {
+    return rt_.precision() == Precision::bf16 ? PrecisionPolicy::preset("bf16-operands")
+                                              : PrecisionPolicy::float32(4);
+  }
   nlohmann::json facts() const override { return rt_.facts(); }
   const Config& config() const override { return c_; }
 

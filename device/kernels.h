@@ -82,6 +82,8 @@ struct GemvResidual {
 struct SplitInput {
   std::span<uint32_t> words;
   bool ready = false;
+  // The products' precision (device/kernel_types.h): fp32 uses all three parts, bf16 the hi part.
+  Precision precision = Precision::fp32;
 };
 // BF16 weights with in and ldx multiples of 32 (16-byte aligned x and weights) run on MMA tiles
 // and need `split` (at least split_bf16x3_words((batch - 1) ldx + in) words); other weights take
@@ -213,6 +215,8 @@ struct MoeWorkspace {
   // after mlp1: the router wrote them): a small step's tiles read them and load their first
   // weights while that kernel still runs. False: they wait for it first.
   bool idx_settled = false;
+  // The products' precision, as SplitInput::precision.
+  Precision precision = Precision::fp32;
 };
 inline bool moe_writes_act_split(int out) {
   return out % 64 == 0;

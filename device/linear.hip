@@ -146,12 +146,13 @@ __device__ __forceinline__ void bf16_block_pairs(const uint4 (&w)[MT][2][2], int
 // a batch row past the batch reads the first of the tile (their results are never written, and a
 // row's and a batch row's results depend on nothing else). kPartsAsColumns (batch 1): the split
 // inputs' three parts in the tile's columns (mma_block_parts_as_columns), each lane loading one.
-template <int MT, int NT, bool kTilesAlongX, bool kPartsAsColumns = false>
+// P: the parts the products use (precision_parts; mma_block).
+template <int P, int MT, int NT, bool kTilesAlongX, bool kPartsAsColumns = false>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     f32_bf16w_mma(const MmaArgs a, const uint4* split) {
   constexpr int kRows = 16 * MT, kCols = 8 * NT;
   static_assert(!kPartsAsColumns || NT == 1, "the parts as columns take one batch row");
-  constexpr int kParts = kPartsAsColumns ? 1 : 3;
+  constexpr int kParts = kPartsAsColumns ? 1 : P;
   // Chunks of weights (and split inputs) in flight per group beyond the one in use: the small
   // tiles are latency-bound (few warps per SM); two measured best at batch 1 (one and three,
   // which spills, slower: docs/measurements.md); the large tiles' registers are full.
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
     for (int jt = 0; jt < NT; ++jt) {
       const int n = 8 * jt + g < nb ? 8 * jt + g : 0;
       bp[jt] = split + (int64_t(b0 + n) * (a.ldx / 32) + 2 * c_begin) * 12 + t +
-               (kPartsAsColumns ? 4 * mma_part_column(g) : 0);
+               (kPartsAsColumns ? 4 * mma_part_column<P>(g) : 0);
     }
     const uint4* ap[MT][2];
 #pragma unroll
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
           uint32_t ar[MT][2][4];
           bf16_block_pairs(w, b, ar);
           if constexpr (kPartsAsColumns)
-            mma_block_parts_as_columns(acc, ar, bx[b][0][0]);
+            mma_block_parts_as_columns<P>(acc, ar, bx[b][0][0]);
           else
             mma_block(acc, ar, bx[b]);
         });
@@ -332,6 +333,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
 // through shared memory (mma_tiles.h, "wide tiles"); a group's rows, weights and MMA steps as in
 // f32_bf16w_mma. grid (ceil(rows / 128), min(ceil(batch / 32), 65535)), the block walking the
 // batch tiles along y.
+template <int P>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     f32_bf16w_mma_wide(const MmaArgs a, const uint4* split) {
   constexpr int MT = 2, NT = 4, kCols = 8 * NT;
@@ -340,7 +342,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int rows = pick(a.row_end, a.nseg - 1);
   const int j0 = int(blockIdx.x) * kWideRows + 32 * group;  // the group's first row
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
-  __shared__ WideStaged<kCols> staged;
+  __shared__ WideStaged<kCols, P> staged;
   __shared__ WideQuarters<MT, NT> quarters;
   // A: 16 bytes (weights 8t .. 8t+7 of a block) of rows j0 + 16 m + 8 h + g.
   const uint4* ap0[MT][2];
@@ -383,7 +385,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     wait_for_previous_grid();
     allow_next_grid_start();
     // The staging (WideStager): a batch row past the batch stages the tile's first.
-    using Stager = WideStager<kCols>;
+    using Stager = WideStager<kCols, P>;
     const int col = int(threadIdx.x) / Stager::kThreadsPerCol;
     Stager stager(int(threadIdx.x),
                   split + int64_t(b0 + (col < nb ? col : 0)) * (a.ldx / 32) * kSplitQuadsPerBlock);
@@ -409,7 +411,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         static_for<2>([&](auto b_) {
           constexpr int b = decltype(b_)::value;
           if (2 * c + b >= groups) return;  // block-uniform
-          uint4 bx[kSplitParts][NT];
+          uint4 bx[P][NT];
           wide_b_fragments(staged, c, b, g, t, bx);
           uint32_t ar[MT][2][4];
           bf16_block_pairs(w, b, ar);
@@ -466,7 +468,7 @@ constexpr int64_t kMinWideBlocks = 512;
 // two tiles); prefill's many tiles were faster along y.
 constexpr int kMaxTilesAlongX = 2;
 
-template <int MT, int NT>
+template <int P, int MT, int NT>
 void launch_mma(const MmaArgs& a, const uint4* split, bool wide, hipStream_t stream) {
   const int rows = a.row_end[a.nseg - 1];
   const int row_tiles = ceil_div(rows, 16 * MT), batch_tiles = ceil_div(a.batch, 8 * NT);
@@ -475,7 +477,7 @@ void launch_mma(const MmaArgs& a, const uint4* split, bool wide, hipStream_t str
     if (wide) {
       const dim3 grid(unsigned(ceil_div(rows, kWideRows)),
                       unsigned(std::min(batch_tiles, 65535)));
-      HIP_CHECK(launch_programmatic(&f32_bf16w_mma_wide, grid, dim3(kMmaThreads), 0, stream, a,
+      HIP_CHECK(launch_programmatic(&f32_bf16w_mma_wide<P>, grid, dim3(kMmaThreads), 0, stream, a,
                                     split));
       HIP_LAUNCH_CHECK("f32_bf16w_mma_wide", stream);
       return;
@@ -483,7 +485,7 @@ void launch_mma(const MmaArgs& a, const uint4* split, bool wide, hipStream_t str
   }
   if constexpr (NT == 1) {
     if (a.batch == 1 && row_tiles <= 65535) {
-      HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, true, true>,
+      HIP_CHECK(launch_programmatic(&f32_bf16w_mma<P, MT, NT, true, true>,
                                     dim3(1, unsigned(row_tiles)), dim3(kMmaThreads), 0, stream, a,
                                     split));
       HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
@@ -491,15 +493,15 @@ void launch_mma(const MmaArgs& a, const uint4* split, bool wide, hipStream_t str
     }
   }
   if (batch_tiles <= kMaxTilesAlongX && row_tiles <= 65535) {  // y holds up to 65535
-    HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, true>,
+    HIP_CHECK(launch_programmatic(&f32_bf16w_mma<P, MT, NT, true>,
                                   dim3(unsigned(batch_tiles), unsigned(row_tiles)),
                                   dim3(kMmaThreads), 0, stream, a, split));
     HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
     return;
   }
   const dim3 grid(unsigned(row_tiles), unsigned(std::min(batch_tiles, 65535)));
-  HIP_CHECK(launch_programmatic(&f32_bf16w_mma<MT, NT, false>, grid, dim3(kMmaThreads), 0, stream,
-                                a, split));
+  HIP_CHECK(launch_programmatic(&f32_bf16w_mma<P, MT, NT, false>, grid, dim3(kMmaThreads), 0,
+                                stream, a, split));
   HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
 }
 
@@ -596,10 +598,16 @@ void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const flo
                                                       : tiling == GemvTiling::wide;
     PARITY_DEVICE_REQUIRE(!wide || batch >= 32, "launch_f32_gemv_bias: the wide tiles take 32 "
                           "batch rows and more, got ", batch);
-    if (batch >= 32)
-      launch_mma<2, 4>(a, sp, wide, stream);
+    const auto launch = [&]<int P>() {
+      if (batch >= 32)
+        launch_mma<P, 2, 4>(a, sp, wide, stream);
+      else
+        launch_mma<P, 1, 1>(a, sp, false, stream);
+    };
+    if (split.precision == Precision::bf16)
+      launch.template operator()<1>();
     else
-      launch_mma<1, 1>(a, sp, false, stream);
+      launch.template operator()<kSplitParts>();
     return;
   }
   dispatch_weight_type(segments[0].w.type, [&]<typename W>() {

@@ -30,6 +30,9 @@ __device__ __forceinline__ MmaQuarter mma_quarter(int chunks, int group) {
 // independent chains of two MMA steps), then the parts added in float32, (lo + mid) + hi (the
 // small parts meet before the large one), then one float32 add into acc: the tensor cores' own
 // accumulation, coarser than round-to-nearest, spans one part of one block only.
+// P is the parts the products use (precision_parts: 3 for fp32, exact; 1 for bf16, the hi part
+// alone, which is the input rounded to nearest even): with one part, the hi chain is added to acc
+// as it is. Every tiling of one precision gives an element the same operations.
 __device__ __forceinline__ float mma_parts_sum(float lo, float mid, float hi) {
   return (lo + mid) + hi;
 }
@@ -44,9 +47,10 @@ __device__ __forceinline__ void mma_a_fragments(const uint32_t (&ar)[MT][2][4],
       af[m][step][2] = ar[m][0][2 * step + 1], af[m][step][3] = ar[m][1][2 * step + 1];
     }
 }
-template <int MT, int NT>
+template <int MT, int NT, int P>
 __device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_t (&ar)[MT][2][4],
-                                          const uint4 (&bf)[3][NT]) {
+                                          const uint4 (&bf)[P][NT]) {
+  static_assert(P == kSplitParts || P == 1, "three parts (fp32) or the hi part (bf16)");
   uint32_t af[MT][2][4];
   mma_a_fragments(ar, af);
   // Part q's two k steps on a fresh accumulator.
@@ -64,12 +68,19 @@ __device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      float lo[4], mid[4], hi[4];
-      chain(m, j, 2, lo);
-      chain(m, j, 1, mid);
-      chain(m, j, 0, hi);
+      if constexpr (P == 1) {
+        float hi[4];
+        chain(m, j, 0, hi);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][j][i] += mma_parts_sum(lo[i], mid[i], hi[i]);
+        for (int i = 0; i < 4; ++i) acc[m][j][i] += hi[i];
+      } else {
+        float lo[4], mid[4], hi[4];
+        chain(m, j, 2, lo);
+        chain(m, j, 1, mid);
+        chain(m, j, 0, hi);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][j][i] += mma_parts_sum(lo[i], mid[i], hi[i]);
+      }
     }
 }
 
@@ -79,11 +90,13 @@ __device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_
 // depends only on its own row, column and accumulator: the same bits as the three chains of
 // mma_block). Lane t = 0 then holds hi and mid of rows g and g + 8 in part[0..3] and lane t = 1
 // lo in part[0] and part[2]; lane t = 0's acc[m][0][0] and acc[m][0][2] (column 0) receive the
-// sum, the other lanes' acc hold nothing of use.
+// sum, the other lanes' acc hold nothing of use. With one part (P = 1, bf16) every column holds
+// hi and column 0's chain is added as mma_block<P = 1> adds it.
+template <int P>
 __device__ __forceinline__ int mma_part_column(int g) {
-  return g < 3 ? g : 0;
+  return P == 1 || g >= 3 ? 0 : g;
 }
-template <int MT>
+template <int P, int MT>
 __device__ __forceinline__ void mma_block_parts_as_columns(float (&acc)[MT][1][4],
                                                            const uint32_t (&ar)[MT][2][4],
                                                            const uint4& bq) {
@@ -95,9 +108,14 @@ __device__ __forceinline__ void mma_block_parts_as_columns(float (&acc)[MT][1][4
     const uint32_t b0[2] = {bq.x, bq.y}, b1[2] = {bq.z, bq.w};
     mma_bf16_16x8x16(part, af[m][0], b0);
     mma_bf16_16x8x16(part, af[m][1], b1);
-    const float lo_g = __shfl_xor(part[0], 1), lo_g8 = __shfl_xor(part[2], 1);
-    acc[m][0][0] += mma_parts_sum(lo_g, part[1], part[0]);
-    acc[m][0][2] += mma_parts_sum(lo_g8, part[3], part[2]);
+    if constexpr (P == 1) {
+      acc[m][0][0] += part[0];
+      acc[m][0][2] += part[2];
+    } else {
+      const float lo_g = __shfl_xor(part[0], 1), lo_g8 = __shfl_xor(part[2], 1);
+      acc[m][0][0] += mma_parts_sum(lo_g, part[1], part[0]);
+      acc[m][0][2] += mma_parts_sum(lo_g8, part[3], part[2]);
+    }
   }
 }
 
@@ -131,64 +149,68 @@ struct MmaPartials {
 // order), each quarter on fresh accumulators, and adds the quarters as MmaPartials::sum does, (p0 +
 // p1) + (p2 + p3): every output element sees the same operations in every tiling.
 inline constexpr int kWideRows = 32 * kMmaGroups;
-inline constexpr int kWideQuadsPerCol = 2 * kSplitQuadsPerBlock;  // a column's chunk, 16-byte units
+// A column's chunk as staged, in 16-byte units: the P parts the products use (mma_block) of its two
+// blocks of 32 inputs (part q of block b at 4 P b + 4 q); bf16 stages the hi parts alone.
+template <int P>
+inline constexpr int kWideQuadsPerCol = 2 * 4 * P;
 // Padded: the eight columns a group's lanes read at once fall in different banks.
-inline constexpr int kWideColStride = kWideQuadsPerCol + 1;
+template <int P>
+inline constexpr int kWideColStride = kWideQuadsPerCol<P> + 1;
 
 // Two chunks of kCols columns' split inputs in turn (chunk c in slot c % 2).
-template <int kCols>
+template <int kCols, int P>
 struct WideStaged {
-  uint4 slot[2][kCols * kWideColStride];
+  uint4 slot[2][kCols * kWideColStride<P>];
 };
 
-// One thread's share of staging a chunk of kCols columns: column thread / kThreadsPerCol, quads
-// quad, quad + kThreadsPerCol, ... of it (a chunk's two blocks are contiguous), loaded into
-// registers while the chunk before is summed, stored after it. A block past the input (odd block
-// counts) stages zeros, never read.
-template <int kCols>
+// One thread's share of staging a chunk of kCols columns: column thread / kThreadsPerCol, staged
+// quads quad, quad + kThreadsPerCol, ... of it (staged quad v is quad v % 4 P of block v / 4 P's
+// split words: all of them for P = 3), loaded into registers while the chunk before is summed,
+// stored after it. A block past the input (odd block counts) stages zeros, never read.
+template <int kCols, int P>
 struct WideStager {
   static constexpr int kThreadsPerCol = kMmaThreads / kCols;
-  static constexpr int kQuads = (kWideQuadsPerCol + kThreadsPerCol - 1) / kThreadsPerCol;
+  static constexpr int kColQuads = kWideQuadsPerCol<P>;
+  static constexpr int kQuads = (kColQuads + kThreadsPerCol - 1) / kThreadsPerCol;
   static_assert(kMmaThreads % kCols == 0);
-  const uint4* src;  // the column's split inputs at block 0, + quad
+  const uint4* src;  // the column's split inputs at block 0
   int col, quad;
   uint4 regs[kQuads];
   __device__ __forceinline__ WideStager(int thread, const uint4* col_split)
-      : src(col_split + thread % kThreadsPerCol),
-        col(thread / kThreadsPerCol),
-        quad(thread % kThreadsPerCol) {}
-  // Whether the thread's u-th quad lies within a column's chunk (always, for 32 columns).
+      : src(col_split), col(thread / kThreadsPerCol), quad(thread % kThreadsPerCol) {}
+  // Whether the thread's u-th quad lies within a column's chunk.
   __device__ __forceinline__ bool owns(int u) const {
-    return kWideQuadsPerCol % kThreadsPerCol == 0 || quad + kThreadsPerCol * u < kWideQuadsPerCol;
+    return kColQuads % kThreadsPerCol == 0 || quad + kThreadsPerCol * u < kColQuads;
   }
   __device__ __forceinline__ void load(int c, int chunks, int groups) {
     if (c >= chunks) return;
 #pragma unroll
     for (int u = 0; u < kQuads; ++u)
-      if (owns(u))
-        regs[u] = 2 * c + (quad + kThreadsPerCol * u) / kSplitQuadsPerBlock < groups
-                      ? src[2 * c * kSplitQuadsPerBlock + kThreadsPerCol * u]
-                      : uint4{0, 0, 0, 0};
+      if (owns(u)) {
+        const int v = quad + kThreadsPerCol * u, b = v / (4 * P);
+        regs[u] = 2 * c + b < groups ? src[(2 * c + b) * kSplitQuadsPerBlock + v % (4 * P)]
+                                     : uint4{0, 0, 0, 0};
+      }
   }
-  __device__ __forceinline__ void store(WideStaged<kCols>& st, int c, int chunks) const {
+  __device__ __forceinline__ void store(WideStaged<kCols, P>& st, int c, int chunks) const {
     if (c >= chunks) return;
-    uint4* const to = st.slot[c % 2] + col * kWideColStride + quad;
+    uint4* const to = st.slot[c % 2] + col * kWideColStride<P> + quad;
 #pragma unroll
     for (int u = 0; u < kQuads; ++u)
       if (owns(u)) to[kThreadsPerCol * u] = regs[u];
   }
 };
 
-// Lane (g, t)'s B fragments of block b of chunk c: part q of column 8 j + g.
-template <int NT>
-__device__ __forceinline__ void wide_b_fragments(const WideStaged<8 * NT>& st, int c, int b, int g,
-                                                 int t, uint4 (&bx)[kSplitParts][NT]) {
+// Lane (g, t)'s B fragments of block b of chunk c: part q < P of column 8 j + g.
+template <int P, int NT>
+__device__ __forceinline__ void wide_b_fragments(const WideStaged<8 * NT, P>& st, int c, int b,
+                                                 int g, int t, uint4 (&bx)[P][NT]) {
   const uint4* const s = st.slot[c % 2];
 #pragma unroll
-  for (int q = 0; q < kSplitParts; ++q)
+  for (int q = 0; q < P; ++q)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
-      bx[q][j] = s[(8 * j + g) * kWideColStride + kSplitQuadsPerBlock * b + 4 * q + t];
+      bx[q][j] = s[(8 * j + g) * kWideColStride<P> + 4 * P * b + 4 * q + t];
 }
 
 // The quarters of a group's tile added as MmaPartials::sum adds them: after quarter 3, acc holds

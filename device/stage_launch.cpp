@@ -38,8 +38,9 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
   int32_t* topk_idx = arena.index_out(Stage::topk_idx);
   // The MMA kernels' split of stage `in`'s output: ready when its producer wrote it (and nothing
   // since); otherwise the kernel splits it into the scratch, which then holds no producer's split.
+  // The products' precision is the runtime's (DeviceOptions::precision).
   const auto split_of = [&](Stage in, int in_layer) {
-    const SplitInput split{arena.split_of(in), rt.split_holds(in, in_layer)};
+    const SplitInput split{arena.split_of(in), rt.split_holds(in, in_layer), rt.precision()};
     if (!split.ready) rt.forget_split(in);
     return split;
   };
@@ -55,7 +56,9 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
   };
   const auto moe_ws = [&](Stage in) {  // the expert linear's workspace for input `in`
     MoeWorkspace ws = arena.moe_workspace(in);
-    ws.split_ready = split_of(in, layer).ready;
+    const SplitInput split = split_of(in, layer);
+    ws.split_ready = split.ready;
+    ws.precision = split.precision;
     return ws;
   };
   const auto gemv = [&](const DeviceLinear& l, Stage in, int in_layer, Stage out_stage,

@@ -7,10 +7,12 @@
 #
 # Usage: scripts/device_check.sh [STEP...]
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
-#         hf-generate engine-gpus hf-capture long-pos (default: all but the last four)
+#         hf-generate engine-gpus hf-capture long-pos precision-bench (default: all but the last
+#         five)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
-# CUDA_ARCH / HIP_ARCH (90 / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
+# PRECISION (fp32 or bf16: the device's --precision for tiny, hf, 20b, 20b-real, bench,
+# engine-bench and long-pos; default the tools' own), CUDA_ARCH / HIP_ARCH (90 / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
 # lacks, from scripts/device_deps.sh, used when present).
 # Every step logs to LOG_DIR/<step>.log and prints a one-line summary; the script stops at the
 # first failing step.
@@ -41,6 +43,7 @@ steps=("$@")
 synth_tokenizer=()
 [ -f "$DEPS_DIR/o200k_harmony/tokenizer.json" ] && synth_tokenizer=(--tokenizer "$DEPS_DIR/o200k_harmony/tokenizer.json")
 bin="$BUILD_DIR/bin"
+prec=(${PRECISION:+--precision "$PRECISION"})
 tiny_tokens="1,17,300,42,999,5,77,128,256,3,1000,64,9,511,22,700,31,8,123,900"
 
 # Runs "$@" with its output to LOG_DIR/$1.log (appending), echoing the log's tail on failure.
@@ -97,13 +100,13 @@ step_sanitize() {
 
 step_tiny() {
   logged tiny "$bin/parity-trace" --model tiny --models-dir "$MODELS_DIR" --tokens "$tiny_tokens" \
-    --generate 8 --candidate hip --out "$LOG_DIR/tiny"
+    --generate 8 --candidate hip "${prec[@]}" --out "$LOG_DIR/tiny"
   grep -E "^(PASS|DIVERGED)|^candidate|^timing|^generated" "$LOG_DIR/tiny.log"
   cp "$LOG_DIR/tiny/report.txt" "$LOG_DIR/tiny-report.txt"
   rm -rf "$LOG_DIR/tiny"
   # Far into the tiny model's context (4096): float32 RoPE angles at large positions.
   logged tiny "$bin/parity-trace" --model tiny --models-dir "$MODELS_DIR" --token 5 --pos 4000 \
-    --candidate hip --out "$LOG_DIR/tiny-4000"
+    --candidate hip "${prec[@]}" --out "$LOG_DIR/tiny-4000"
   grep -E "^(PASS|DIVERGED)" "$LOG_DIR/tiny.log" | tail -n 1
   rm -rf "$LOG_DIR/tiny-4000"
 }
@@ -114,7 +117,7 @@ step_hf() {
   local tokens
   tokens="$(awk 'BEGIN { for (i = 0; i < 200; i++) printf "%s%d", (i ? "," : ""), (7 + 7919 * i) % 512 }')"
   for m in hf-tiny hf-large; do
-    logged hf "$bin/parity-trace" --model "golden/$m" --tokens "$tokens" --candidate hip --out "$LOG_DIR/$m"
+    logged hf "$bin/parity-trace" --model "golden/$m" --tokens "$tokens" --candidate hip "${prec[@]}" --out "$LOG_DIR/$m"
     grep -E "^(PASS|DIVERGED)" "$LOG_DIR/hf.log" | tail -n 1
     cp "$LOG_DIR/$m/report.txt" "$LOG_DIR/$m-report.txt"
     rm -rf "$LOG_DIR/$m"
@@ -130,7 +133,7 @@ trace_20b() {
   for pos in "$@"; do
     set +e
     "$bin/parity-trace" --model "$MODELS_DIR/$model" --token 0 --pos "$pos" \
-      --candidate hip --step 256 --out "$LOG_DIR/$model-pos$pos" >>"$log" 2>&1
+      --candidate hip "${prec[@]}" --step 256 --out "$LOG_DIR/$model-pos$pos" >>"$log" 2>&1
     local rc=$?
     set -e
     echo "$model pos $pos: parity-trace exit $rc" | tee -a "$log"
@@ -188,8 +191,8 @@ step_replay-cost() {
 
 step_bench() {
   [ -f "$MODELS_DIR/20b/config.json" ] || logged bench "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
-  logged bench "$bin/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip --positions 128 \
-    --warmup 16 -q
+  logged bench "$bin/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip "${prec[@]}" \
+    --positions 128 --warmup 16 -q
   grep -E "median|floor|bandwidth|work per" "$LOG_DIR/bench.log" | tail -n 4
 }
 
@@ -232,7 +235,7 @@ PY
 step_engine-bench() {
   [ -f "$MODELS_DIR/20b/config.json" ] || logged engine-bench "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
   [ -f "$MODELS_DIR/20b/tokenizer.json" ] || { echo "engine-bench: the 20b has no tokenizer.json"; return 1; }
-  local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip -m getp --no-progress)
+  local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip "${prec[@]}" -m getp --no-progress)
   mkdir -p "$req"
   for n in 1 8 32 64 256; do make_requests "$n" 20 400 "$req/mixed-$n.txt"; done
   make_requests 16 1600 1700 "$req/long-16.txt"  # about 2,000 tokens each
@@ -245,8 +248,8 @@ step_engine-bench() {
     --step-tokens 2048 --kernel-times
   logged engine-bench "${run[@]}" -i "$req/long-16.txt" -o "$req/out-long.txt" -n 1 --max-batch 16 \
     --step-tokens 4096 --context 4096
-  logged engine-bench "$bin/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip --positions 128 \
-    --warmup 16 -q
+  logged engine-bench "$bin/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip "${prec[@]}" \
+    --positions 128 --warmup 16 -q
   grep -E "^run: [0-9]|median|floor|bandwidth" "$LOG_DIR/engine-bench.log"
 }
 
@@ -351,7 +354,7 @@ step_long-pos() {
   for r in "${runs[@]}"; do
     local pos="${r%%:*}" flag="${r#*:}" t0=$SECONDS
     set +e
-    "$bin/parity-trace" --model "$MODELS_DIR/20b" --token 0 --pos "$pos" --candidate hip --step 2048 \
+    "$bin/parity-trace" --model "$MODELS_DIR/20b" --token 0 --pos "$pos" --candidate hip "${prec[@]}" --step 2048 \
       $flag --out "$LOG_DIR/long-$pos" >>"$LOG_DIR/long-pos.log" 2>&1
     local rc=$?
     set -e
@@ -383,11 +386,39 @@ step_engine-gpus() {
   grep -E "^run: |^run:   " "$LOG_DIR/engine-gpus.log"
 }
 
+# fp32 against bf16 on the same machine, one after the other: batch-1 decode (parity-bench), 64
+# and 256 concurrent requests (128 tokens each), prefill of 16 prompts of about 2,000 tokens;
+# the outputs' greedy tokens of the two precisions compared (how many requests differ).
+step_precision-bench() {
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged precision-bench "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  local req="$LOG_DIR/requests"
+  mkdir -p "$req"
+  make_requests 64 20 400 "$req/mixed-64.txt"
+  make_requests 256 20 400 "$req/mixed-256.txt"
+  make_requests 16 1600 1700 "$req/long-16.txt"
+  for p in fp32 bf16; do
+    local run=("$bin/run" "$MODELS_DIR/20b" --backend hip --precision "$p" -m getp --no-progress)
+    logged precision-bench "$bin/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip \
+      --precision "$p" --positions 128 --warmup 16 -q
+    for n in 64 256; do
+      logged precision-bench "${run[@]}" -i "$req/mixed-$n.txt" -o "$req/$p-$n.txt" -n 128 --max-batch "$n" \
+        --step-tokens 2048 --context 4096
+    done
+    logged precision-bench "${run[@]}" -i "$req/long-16.txt" -o "$req/$p-long.txt" -n 1 --max-batch 16 \
+      --step-tokens 4096 --context 4096
+  done
+  for n in 64 256 long; do
+    echo "requests whose tokens differ between fp32 and bf16 ($n): $(diff <(cut -f1 "$req/fp32-$n.txt") \
+      <(cut -f1 "$req/bf16-$n.txt") | grep -c '^<' || true)" | tee -a "$LOG_DIR/precision-bench.log"
+  done
+  grep -E "^== |^run: [0-9]|median|floor|differ" "$LOG_DIR/precision-bench.log" | grep -v "^== .*make_requests"
+}
+
 for s in "${steps[@]}"; do
   case "$s" in
     build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
-      hf-generate | engine-gpus | hf-capture | long-pos) "step_$s" ;;
+      hf-generate | engine-gpus | hf-capture | long-pos | precision-bench) "step_$s" ;;
     *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
-         "engine-bench hf-generate engine-gpus hf-capture long-pos)"; exit 2 ;;
+         "engine-bench hf-generate engine-gpus hf-capture long-pos precision-bench)"; exit 2 ;;
   esac
 done

@@ -26,6 +26,7 @@
 #include "model/config.h"
 #include "model/error.h"
 #include "model/numerics.h"
+#include "model/precision.h"
 #include "reference/ops.h"
 #include "tests/device_test_util.h"
 
@@ -435,9 +436,14 @@ class GemvCase {
     residual_ = r;
     return *this;
   }
+  GemvCase& precision(Precision p) {
+    precision_ = p;
+    return *this;
+  }
   std::string describe() const {
-    return fmt::format("gemv out={} in={} batch={} type={} bias={} segments={} residual={}", out_,
-                       in_, batch_, type_name(type_), bias_, segments_, residual_);
+    return fmt::format("gemv out={} in={} batch={} type={} bias={} segments={} residual={} {}",
+                       out_, in_, batch_, type_name(type_), bias_, segments_, residual_,
+                       precision_ == Precision::bf16 ? "bf16" : "fp32");
   }
   void run() const {
     SCOPED_TRACE(describe());
@@ -448,7 +454,12 @@ class GemvCase {
     int ldy = 0;
     for (int r : seg_rows) ldy += r;
     const std::vector<float> x = random_floats(rng, size_t(batch_) * in_, -1, 1);
-    const std::vector<double> xd = to_double(x);
+    // The MMA path's products in bf16 take each input rounded to BF16 (nearest even); the GEMV
+    // of F16/F32 weights (and of inputs not in whole blocks of 32) stays exact in either.
+    const bool rounds = precision_ == Precision::bf16 && type_ == WeightType::bf16 && in_ % 32 == 0;
+    std::vector<double> xd = to_double(x);
+    if (rounds)
+      for (double& v : xd) v = round_to_storage(v, kUnitBfloat16);
     std::vector<HostMatrix> w;
     std::vector<HostBf16> b;
     std::vector<DeviceBuffer> dw, db;
@@ -486,8 +497,8 @@ class GemvCase {
     GemvResidual epi;
     if (residual_) epi = {dres.as<float>(), ro.ptr(), ldy};
     const SplitScratch split(int64_t(batch_) * in_);
-    launch_f32_gemv_bias(segs, dx.as<float>(), in_, batch_, y.ptr(), ldy, epi, {split.span()},
-                         nullptr);
+    launch_f32_gemv_bias(segs, dx.as<float>(), in_, batch_, y.ptr(), ldy, epi,
+                         {split.span(), false, precision_}, nullptr);
     Tol tol{std::vector<double>(want.size()), 0.0, 1e-10};
     const int chain = std::max(warp_dot_chain(in_), mma_dot_chain(in_)) + 1;  // GEMV or MMA
     for (size_t i = 0; i < want.size(); ++i) tol.atol[i] = dot_atol(chain, abs_sum[i]);
@@ -509,6 +520,7 @@ class GemvCase {
   int out_ = 64, in_ = 64, batch_ = 1, segments_ = 1;
   WeightType type_ = WeightType::bf16;
   bool bias_ = true, residual_ = false;
+  Precision precision_ = Precision::fp32;
 };
 
 TEST_F(DeviceKernels, GemvOutNotMultipleOfRowsPerBlock) {
@@ -541,12 +553,30 @@ TEST_F(DeviceKernels, GemvResidualEpilogue) {
   GemvCase().out(2880).in(512).batch(2).residual(true).run();
 }
 
+// bf16: every tiling's products take the input rounded once to BF16, summed in float32 -- the
+// exact sum of the rounded inputs within float32 accumulation (far tighter than the rounding
+// itself: an exact-product result fails it); F16 weights and inputs not in whole blocks of 32 take
+// the GEMV, exact in both precisions.
+TEST_F(DeviceKernels, GemvBf16ProductsRoundEachInputOnce) {
+  for (const int batch : {1, 2, 9, 40})
+    GemvCase().out(517).in(2880).batch(batch).precision(Precision::bf16).run();
+  GemvCase().out(64).in(96).batch(70).segments(3).precision(Precision::bf16).run();
+  GemvCase().out(2880).in(512).batch(33).residual(true).precision(Precision::bf16).run();
+  GemvCase().out(517).in(512).batch(1030).precision(Precision::bf16).run();  // wide tiles
+  GemvCase().out(100).in(2880).batch(2).type(WeightType::f16).precision(Precision::bf16).run();
+  GemvCase().out(40).in(13).batch(2).precision(Precision::bf16).run();
+}
+
 TEST_F(DeviceKernels, GemvRowResultDoesNotDependOnTheBatch) {
   // The same row alone and as row 5 of 9, 20, 40, 100 and 1030 (the MMA kernel's 8- and 32-row
   // tiles, two of them along the grid's x, three and four along y, and 33: the wide tiles of
-  // 128 rows; F16: the GEMV): bitwise equal (a fixed sequence per element, no atomics).
-  for (const WeightType type : {WeightType::bf16, WeightType::f16}) {
-    SCOPED_TRACE(type_name(type));
+  // 128 rows; F16: the GEMV): bitwise equal (a fixed sequence per element, no atomics), in both
+  // precisions.
+  for (const auto& [type, precision] :
+       {std::pair{WeightType::bf16, Precision::fp32}, std::pair{WeightType::bf16, Precision::bf16},
+        std::pair{WeightType::f16, Precision::fp32}}) {
+    SCOPED_TRACE(
+        fmt::format("{} {}", type_name(type), precision == Precision::bf16 ? "bf16" : "fp32"));
     std::mt19937_64 rng(99);
     const int out = 300, in = 2880;
     const HostMatrix w = random_matrix(rng, type, size_t(out) * in);
@@ -556,12 +586,12 @@ TEST_F(DeviceKernels, GemvRowResultDoesNotDependOnTheBatch) {
     const SplitScratch split(int64_t(1030) * in);
     Output one(static_cast<size_t>(out));
     launch_f32_gemv_bias({&seg, 1}, dx.as<float>() + 5 * in, in, 1, one.ptr(), out, {},
-                         {split.span()}, nullptr);
+                         {split.span(), false, precision}, nullptr);
     const std::vector<float> o = one.fetch();
     for (const int batch : {9, 20, 40, 100, 1030}) {
       Output all(size_t(batch) * out);
       launch_f32_gemv_bias({&seg, 1}, dx.as<float>(), in, batch, all.ptr(), out, {},
-                           {split.span()}, nullptr);
+                           {split.span(), false, precision}, nullptr);
       const std::vector<float> a = all.fetch();
       for (int j = 0; j < out; ++j)
         ASSERT_EQ(a[size_t(5) * out + j], o[size_t(j)]) << "batch " << batch << " row " << j;
@@ -584,55 +614,59 @@ TEST_F(DeviceKernels, GemvMmaBatchPastOneTileAndThreeSegments) {
 // the same bits, and the entry point gives the same bits as both: rows not a multiple of 128, odd
 // blocks of 32 inputs, three segments, the residual epilogue, one to three batch tiles, and
 // 66,000 rows (as lm_head: wide from the entry point); the wide tiles refuse batches below 32.
+// In both precisions.
 TEST_F(DeviceKernels, GemvWideAndQuarterTilesAgree) {
   struct Shape {
     int out, in, batch, segments;
     bool residual;
   };
-  for (const Shape sh : {Shape{517, 2880, 32, 1, false}, Shape{300, 96, 40, 3, false},
-                         Shape{517, 512, 64, 1, true}, Shape{260, 2880, 33, 1, false},
-                         Shape{300, 96, 70, 1, true}, Shape{66000, 64, 40, 1, false}}) {
-    SCOPED_TRACE(fmt::format("out={} in={} batch={} segments={} residual={}", sh.out, sh.in,
-                             sh.batch, sh.segments, sh.residual));
-    std::mt19937_64 rng(7 + uint64_t(sh.out) + uint64_t(sh.batch));
-    std::vector<int> seg_rows = {sh.out};
-    if (sh.segments == 3) seg_rows = {sh.out, sh.out / 2 + 1, 7};
-    int ldy = 0;
-    std::vector<HostMatrix> w;
-    std::vector<DeviceBuffer> dw, db;
-    std::vector<GemvSegment> segs;
-    for (const int rows : seg_rows) {
-      w.push_back(random_matrix(rng, WeightType::bf16, size_t(rows) * sh.in));
-      dw.push_back(upload(w.back().bytes));
-      db.push_back(upload(random_floats(rng, size_t(rows), -1, 1)));
-      segs.push_back({{WeightType::bf16, dw.back().as(), rows, sh.in}, db.back().as<float>(), ldy});
-      ldy += rows;
-    }
-    const std::vector<float> x = random_floats(rng, size_t(sh.batch) * sh.in, -3, 3);
-    const std::vector<float> resid = random_floats(rng, size_t(sh.batch) * ldy, -4, 4);
-    DeviceBuffer dx = upload(x), dres = upload(resid);
-    const SplitScratch split(int64_t(sh.batch) * sh.in);
-    const auto run = [&](detail::GemvTiling tiling) {
-      Output y(size_t(sh.batch) * ldy), ro(size_t(sh.batch) * ldy);
-      GemvResidual epi;
-      if (sh.residual) epi = {dres.as<float>(), ro.ptr(), ldy};
-      detail::launch_f32_gemv_bias_tiled(segs, dx.as<float>(), sh.in, sh.batch, y.ptr(), ldy, epi,
-                                         {split.span()}, tiling, nullptr);
-      std::vector<float> out = y.fetch();
-      if (sh.residual) {
-        const std::vector<float> r = ro.fetch();
-        out.insert(out.end(), r.begin(), r.end());
+  for (const Precision precision : {Precision::fp32, Precision::bf16})
+    for (const Shape sh : {Shape{517, 2880, 32, 1, false}, Shape{300, 96, 40, 3, false},
+                           Shape{517, 512, 64, 1, true}, Shape{260, 2880, 33, 1, false},
+                           Shape{300, 96, 70, 1, true}, Shape{66000, 64, 40, 1, false}}) {
+      SCOPED_TRACE(fmt::format("out={} in={} batch={} segments={} residual={} {}", sh.out, sh.in,
+                               sh.batch, sh.segments, sh.residual,
+                               precision == Precision::bf16 ? "bf16" : "fp32"));
+      std::mt19937_64 rng(7 + uint64_t(sh.out) + uint64_t(sh.batch));
+      std::vector<int> seg_rows = {sh.out};
+      if (sh.segments == 3) seg_rows = {sh.out, sh.out / 2 + 1, 7};
+      int ldy = 0;
+      std::vector<HostMatrix> w;
+      std::vector<DeviceBuffer> dw, db;
+      std::vector<GemvSegment> segs;
+      for (const int rows : seg_rows) {
+        w.push_back(random_matrix(rng, WeightType::bf16, size_t(rows) * sh.in));
+        dw.push_back(upload(w.back().bytes));
+        db.push_back(upload(random_floats(rng, size_t(rows), -1, 1)));
+        segs.push_back(
+            {{WeightType::bf16, dw.back().as(), rows, sh.in}, db.back().as<float>(), ldy});
+        ldy += rows;
       }
-      return out;
-    };
-    const std::vector<float> quarter = run(detail::GemvTiling::quarter);
-    const std::vector<float> wide = run(detail::GemvTiling::wide);
-    const std::vector<float> entry = run(detail::GemvTiling::automatic);
-    for (size_t i = 0; i < quarter.size(); ++i) ASSERT_FALSE(std::isnan(quarter[i])) << i;
-    EXPECT_EQ(std::memcmp(quarter.data(), wide.data(), quarter.size() * sizeof(float)), 0);
-    EXPECT_EQ(std::memcmp(quarter.data(), entry.data(), quarter.size() * sizeof(float)), 0);
-    EXPECT_EQ(detail::gemv_wide(sh.out, sh.batch), sh.out == 66000) << "the entry point's tiling";
-  }
+      const std::vector<float> x = random_floats(rng, size_t(sh.batch) * sh.in, -3, 3);
+      const std::vector<float> resid = random_floats(rng, size_t(sh.batch) * ldy, -4, 4);
+      DeviceBuffer dx = upload(x), dres = upload(resid);
+      const SplitScratch split(int64_t(sh.batch) * sh.in);
+      const auto run = [&](detail::GemvTiling tiling) {
+        Output y(size_t(sh.batch) * ldy), ro(size_t(sh.batch) * ldy);
+        GemvResidual epi;
+        if (sh.residual) epi = {dres.as<float>(), ro.ptr(), ldy};
+        detail::launch_f32_gemv_bias_tiled(segs, dx.as<float>(), sh.in, sh.batch, y.ptr(), ldy, epi,
+                                           {split.span(), false, precision}, tiling, nullptr);
+        std::vector<float> out = y.fetch();
+        if (sh.residual) {
+          const std::vector<float> r = ro.fetch();
+          out.insert(out.end(), r.begin(), r.end());
+        }
+        return out;
+      };
+      const std::vector<float> quarter = run(detail::GemvTiling::quarter);
+      const std::vector<float> wide = run(detail::GemvTiling::wide);
+      const std::vector<float> entry = run(detail::GemvTiling::automatic);
+      for (size_t i = 0; i < quarter.size(); ++i) ASSERT_FALSE(std::isnan(quarter[i])) << i;
+      EXPECT_EQ(std::memcmp(quarter.data(), wide.data(), quarter.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(quarter.data(), entry.data(), quarter.size() * sizeof(float)), 0);
+      EXPECT_EQ(detail::gemv_wide(sh.out, sh.batch), sh.out == 66000) << "the entry point's tiling";
+    }
   std::mt19937_64 rng(8);
   const HostMatrix w = random_matrix(rng, WeightType::bf16, size_t(256) * 64);
   DeviceBuffer dw = upload(w.bytes), dx = upload(random_floats(rng, size_t(31) * 64, -1, 1));
@@ -1304,12 +1338,15 @@ TEST_F(DeviceKernels, RouterFusedLikeTheGemvAndTheTopK) {
 // The workspace of launch_f32_moe_linear for a step of `pairs` pairs reading x_floats inputs.
 class MoeScratch {
  public:
-  MoeScratch(int64_t pairs, int experts, int64_t x_floats)
+  MoeScratch(int64_t pairs, int experts, int64_t x_floats, Precision precision = Precision::fp32)
       : routing_ints_(moe_routing_ints(pairs, experts)),
         routing_(routing_ints_ * sizeof(int32_t)),
-        split_(x_floats) {}
+        split_(x_floats),
+        precision_(precision) {}
   MoeWorkspace ws() const {
-    return {{routing_.as<int32_t>(), routing_ints_}, split_.span(), false, {}};
+    MoeWorkspace ws{{routing_.as<int32_t>(), routing_ints_}, split_.span(), false, {}};
+    ws.precision = precision_;
+    return ws;
   }
   std::vector<int32_t> routing() const { return download<int32_t>(routing_, routing_ints_); }
 
@@ -1317,6 +1354,7 @@ class MoeScratch {
   size_t routing_ints_;
   DeviceBuffer routing_;
   SplitScratch split_;
+  Precision precision_;
 };
 
 class MoeCase {
@@ -1353,10 +1391,15 @@ class MoeCase {
     dense_ = true, dense_type_ = t;
     return *this;
   }
+  MoeCase& precision(Precision p) {
+    precision_ = p;
+    return *this;
+  }
   std::string describe() const {
-    return fmt::format("moe gemv {} experts={} out={} in={} k={} rows={} {}",
+    return fmt::format("moe gemv {} experts={} out={} in={} k={} rows={} {} {}",
                        swiglu_ ? "mlp1+swiglu" : "mlp2", experts_, out_, in_, k_, rows_,
-                       dense_ ? std::string("dense ") + type_name(dense_type_) : "mxfp4");
+                       dense_ ? std::string("dense ") + type_name(dense_type_) : "mxfp4",
+                       precision_ == Precision::bf16 ? "bf16" : "fp32");
   }
   void run() const {
     SCOPED_TRACE(describe());
@@ -1413,7 +1456,7 @@ class MoeCase {
     dw.out = out_;
     dw.in = in_;
     Output y(size_t(rows_) * k_ * out_), act(size_t(rows_) * k_ * out_ / 2);
-    const MoeScratch scratch(int64_t(rows_) * k_, E, int64_t(rows_) * x_row);
+    const MoeScratch scratch(int64_t(rows_) * k_, E, int64_t(rows_) * x_row, precision_);
     // With SwiGLU, mlp2's split of the activation too (when out / 2 is whole blocks of 32).
     const bool act_split = swiglu_ && moe_writes_act_split(out_);
     const int64_t n_act = int64_t(rows_) * k_ * (out_ / 2);
@@ -1429,9 +1472,10 @@ class MoeCase {
     for (int r = 0; r < rows_; ++r)
       for (int s = 0; s < k_; ++s) {
         const int e = idx[size_t(r) * k_ + s];
-        const std::vector<double> xd(
-            x.begin() + long(size_t(r) * x_row + size_t(s) * x_slot),
-            x.begin() + long(size_t(r) * x_row + size_t(s) * x_slot + in_));
+        std::vector<double> xd(x.begin() + long(size_t(r) * x_row + size_t(s) * x_slot),
+                               x.begin() + long(size_t(r) * x_row + size_t(s) * x_slot + in_));
+        if (precision_ == Precision::bf16 && !dense_)  // the MMA products' BF16 inputs
+          for (double& v : xd) v = round_to_storage(v, kUnitBfloat16);
         std::vector<double> h(static_cast<size_t>(out_));
         ref::expert_linear(w, e, xd.data(), h.data());
         want.insert(want.end(), h.begin(), h.end());
@@ -1462,6 +1506,7 @@ class MoeCase {
   int scale_lo_ = 120, scale_hi_ = 127;  // E8M0: 2^-7 .. 2^0
   bool swiglu_ = true, dense_ = false;
   WeightType dense_type_ = WeightType::bf16;
+  Precision precision_ = Precision::fp32;
 };
 
 TEST_F(DeviceKernels, MoeMxfp4Mlp1WithSwiglu) {
@@ -1609,6 +1654,10 @@ class MoeTilingCase {
     scale_lo_ = lo, scale_hi_ = hi;
     return *this;
   }
+  MoeTilingCase& precision(Precision p) {
+    precision_ = p;
+    return *this;
+  }
   void run(std::initializer_list<int> batches) const {
     std::mt19937_64 rng(43 + uint64_t(out_) * 7 + uint64_t(in_) + uint64_t(routing_));
     const int E = experts_, G = in_ / 32;
@@ -1628,7 +1677,8 @@ class MoeTilingCase {
     w.bias = dbias.as<float>();
     w.experts = E, w.out = out_, w.in = in_;
     for (const int rows : batches) {
-      SCOPED_TRACE(fmt::format("moe tilings {} experts={} out={} in={} k={} rows={} routing={}",
+      SCOPED_TRACE(fmt::format("moe tilings {} {} experts={} out={} in={} k={} rows={} routing={}",
+                               precision_ == Precision::bf16 ? "bf16" : "fp32",
                                swiglu_ ? "mlp1+swiglu" : "mlp2", E, out_, in_, k_, rows,
                                routing_ == Routing::random       ? "random"
                                : routing_ == Routing::one_expert ? "one expert"
@@ -1650,7 +1700,7 @@ class MoeTilingCase {
       const int x_row = swiglu_ ? in_ : k_ * in_, x_slot = swiglu_ ? 0 : in_;
       const std::vector<float> x = random_floats(rng, size_t(rows) * x_row, -2, 2);
       DeviceBuffer didx = upload(idx), dx = upload(x);
-      const MoeScratch scratch(pairs, E, int64_t(rows) * x_row);
+      const MoeScratch scratch(pairs, E, int64_t(rows) * x_row, precision_);
       const size_t ny = size_t(pairs) * out_, na = swiglu_ ? ny / 2 : 1;
       const auto act = [&](const Output& a) { return swiglu_ ? a.ptr() : nullptr; };
 
@@ -1735,6 +1785,7 @@ class MoeTilingCase {
   int scale_lo_ = 118, scale_hi_ = 129;
   bool swiglu_ = true;
   Routing routing_ = Routing::random;
+  Precision precision_ = Precision::fp32;
 };
 
 TEST_F(DeviceKernels, MoeTilingsAgreeMlp1RealShape) {
@@ -1772,6 +1823,31 @@ TEST_F(DeviceKernels, MoeMmaPathsAgainstTheReference) {
   MoeCase().experts(5).out(160).in(160).k(4).rows(64).run();  // 256 pairs: 32 x 32 tiles
   MoeCase().experts(5).out(80).in(224).k(4).rows(64).swiglu(false).run();
 }
+// bf16: pair mode (parts as columns, one chain), the 32 x 8, 128 x 8 and 128 x 16 tiles all give
+// the same bits, and the products take each input rounded once to BF16 (the reference's sum of
+// the rounded inputs within float32 accumulation; an exact-product result fails it).
+TEST_F(DeviceKernels, MoeTilingsAgreeInBf16) {
+  MoeTilingCase().precision(Precision::bf16).run({1, 3, 64, 300});
+  MoeTilingCase().out(2880).swiglu(false).precision(Precision::bf16).run({1, 3, 64, 300});
+  MoeTilingCase().routing(Routing::with_invalid).precision(Precision::bf16).run({3, 64});
+  MoeTilingCase().experts(7).out(38).in(3616).k(2).precision(Precision::bf16).run({1, 300});
+}
+TEST_F(DeviceKernels, MoeBf16ProductsRoundEachInputOnce) {
+  MoeCase().experts(2).out(5760).in(2880).k(2).rows(1).precision(Precision::bf16).run();
+  MoeCase().experts(5).out(128).in(96).k(4).rows(16).precision(Precision::bf16).run();
+  MoeCase().experts(5).out(96).in(128).k(4).rows(16).swiglu(false).precision(Precision::bf16).run();
+  MoeCase().experts(5).out(160).in(160).k(4).rows(64).precision(Precision::bf16).run();
+  MoeCase()
+      .experts(3)
+      .out(64)
+      .in(64)
+      .k(2)
+      .rows(3)
+      .dense(WeightType::bf16)
+      .precision(Precision::bf16)
+      .run();
+}
+
 TEST_F(DeviceKernels, MoeMxfp4EveryCodeAndScaleAgainstTheReference) {
   // Every FP4 code under scales from 2^-127 (subnormal weights) to 2^113 (the two-multiply path
   // above 2^1), 512 blocks of random codes.

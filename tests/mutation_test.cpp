@@ -51,7 +51,8 @@ const std::vector<int32_t> kTokens = {1,   17, 300,  42, 999, 5,   77, 128,
 constexpr double kVictimOverBound = 10;
 constexpr double kVictimOverDrift = 4;
 
-const std::vector<std::string> kCandidates = {"cpu-f32", "hip"};
+// The device backend in both precisions (hip-bf16: test::make_candidate).
+const std::vector<std::string> kCandidates = {"cpu-f32", "hip", "hip-bf16"};
 
 
 // The tiny model with unit magnitudes (every activation O(1)) or realistic ones (embedding RMS
@@ -113,7 +114,7 @@ const Baseline& baseline(const std::string& candidate, SynthMagnitudes magnitude
   const auto key = std::pair{candidate, magnitudes};
   if (auto it = runs.find(key); it != runs.end()) return it->second;
   const Model& model = tiny_model(magnitudes);
-  const auto backend = make_backend(candidate, model);
+  const auto backend = make_candidate(candidate, model);
   const DiffResult r = trace_and_diff(model, *backend, temp_dir("mutation-baseline"));
   Baseline b;
   b.diverged = r.diverged();
@@ -187,7 +188,7 @@ void PrintTo(const MutationCase& c, std::ostream* os) {
 }
 
 std::string candidate_name(const std::string& c) {
-  return c == "cpu-f32" ? "cpu_f32" : c;
+  return candidate_test_name(c);
 }
 
 bool recomputed_by(const MutationCase& c, const StageKey& key) {
@@ -213,7 +214,7 @@ TEST_P(MutationTest, BlamesTheBugsStageAndLayerNotItsVictims) {
   const auto& [candidate, c] = GetParam();
   const SingleThreaded one_thread;
   const Model& model = tiny_model(c.magnitudes);
-  MutantBackend mutant(make_backend(candidate, model), model, {c.mutation, c.mutated_layer, true});
+  MutantBackend mutant(make_candidate(candidate, model), model, {c.mutation, c.mutated_layer, true});
   const DiffResult r = trace_and_diff(model, mutant, temp_dir("mutation"));
   std::cout << "[" << case_name(c) << "] " << verdict_line(r) << "\n";
 
@@ -319,7 +320,7 @@ TEST_P(MutationControlTest, PassesWithoutTheBug) {
     return;
   }
   const Model& model = tiny_model(c.magnitudes);
-  MutantBackend recomputed(make_backend(candidate, model), model,
+  MutantBackend recomputed(make_candidate(candidate, model), model,
                            {*c.mutation, std::nullopt, false});
   const DiffResult r = trace_and_diff(model, recomputed, temp_dir("mutation-control"));
   std::cout << "[" << control_name(c) << "] " << verdict_line(r) << "\n";

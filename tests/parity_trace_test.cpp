@@ -27,9 +27,10 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(in);
 }
 
-// The candidates traced end to end: the CPU float32 control everywhere, the device backend
-// where this build has one and a GPU is present (the same assertions, not weaker ones).
-const std::vector<std::string> kCandidates = {"cpu-f32", "hip"};
+// The candidates traced end to end: the CPU float32 control everywhere, the device backend in its
+// two precisions where this build has one and a GPU is present (the same assertions, not weaker
+// ones: bf16 is judged by the bounds its declared precision derives).
+const std::vector<std::string> kCandidates = {"cpu-f32", "hip", "hip-bf16"};
 
 
 class CandidateTest : public ::testing::TestWithParam<std::string> {
@@ -42,7 +43,8 @@ class CandidateTest : public ::testing::TestWithParam<std::string> {
 TEST_P(CandidateTest, TinyPassesUnderDerivedBoundsPastTwiceTheWindow) {
   const std::string out = test::temp_dir("trace-pass");
   auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " +
-                                              kTokens + " --candidate " + GetParam() + " --out " + out);
+                                              kTokens + " " + test::candidate_flags(GetParam()) +
+                                              " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* f : {"reference.h5", "candidate.h5", "report.txt", "report.json"})
     EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
@@ -57,13 +59,13 @@ TEST_P(CandidateTest, TinyPassesUnderDerivedBoundsPastTwiceTheWindow) {
     ASSERT_FALSE(d["local"].is_null()) << d["path"];
     ASSERT_FALSE(d["accumulated"].is_null()) << d["path"];
   }
-  EXPECT_EQ(j["candidate_backend"], GetParam());
+  EXPECT_EQ(j["candidate_backend"], GetParam() == "hip-bf16" ? "hip" : GetParam());
 }
 
 TEST_P(CandidateTest, TinyPassesUnderTheFixedFp32Profile) {
   const std::string out = test::temp_dir("trace-fixed");
   auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " +
-                                              kTokens + " --candidate " + GetParam() +
+                                              kTokens + " " + test::candidate_flags(GetParam()) +
                                               " --profile fp32 --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(read_json(fs::path(out) / "report.json")["criterion"]["kind"], "fixed");
@@ -74,7 +76,8 @@ TEST_P(CandidateTest, GenerationTracesTheSampledTokenAsADecision) {
     const std::string out = test::temp_dir("trace-gen");
     auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
                                                 " --tokens 1,17,300,42,999 --generate 4" + mode +
-                                                " --candidate " + GetParam() + " --out " + out);
+                                                " " + test::candidate_flags(GetParam()) + " --out " +
+                                                out);
     ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.output;
     auto j = read_json(fs::path(out) / "report.json");
     ASSERT_EQ(j["generated"].size(), 4u) << mode;
@@ -92,7 +95,7 @@ TEST_P(CandidateTest, GenerationTracesTheSampledTokenAsADecision) {
 
 INSTANTIATE_TEST_SUITE_P(Candidates, CandidateTest, ::testing::ValuesIn(kCandidates),
                          [](const ::testing::TestParamInfo<std::string>& i) {
-                           return i.param == "cpu-f32" ? std::string("cpu_f32") : i.param;
+                           return test::candidate_test_name(i.param);
                          });
 
 TEST(ParityTrace, WithoutReplayTheAccumulatedErrorIsJudgedAndSaidSo) {
@@ -137,8 +140,9 @@ TEST_P(InjectionTest, FirstDivergenceIsExactlyTheInjectedStageAndLayer) {
     const std::string out = test::temp_dir("inject");
     auto r =
         test::run_tool("parity-trace", "--model " + test::tiny_model_dir() +
-                                           " --tokens 1,17,300,42,999,5,77,128,256,3 --candidate " +
-                                           candidate + " --inject " + spec + " --out " + out);
+                                           " --tokens 1,17,300,42,999,5,77,128,256,3 " +
+                                           test::candidate_flags(candidate) + " --inject " + spec +
+                                           " --out " + out);
     ASSERT_EQ(r.exit_code, 1) << spec << "\n" << r.output;
     const auto j = read_json(fs::path(out) / "report.json");
     auto fd = j["first_divergence"];
@@ -175,7 +179,7 @@ INSTANTIATE_TEST_SUITE_P(EveryStage, InjectionTest,
                                             ::testing::Range(0, kNumStages)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& i) {
                            const std::string c = std::get<0>(i.param);
-                           return (c == "cpu-f32" ? std::string("cpu_f32") : c) + "_" +
+                           return test::candidate_test_name(c) + "_" +
                                   std::string(name(static_cast<Stage>(std::get<1>(i.param))));
                          });
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/synth.h"
+#include "tools/common.h"
 #ifdef PARITY_HAVE_DEVICE
 #include "device/hip_backend.h"
 #endif
@@ -76,12 +77,34 @@ const std::string& tiny_model_dir() {
 }
 
 std::string candidate_unavailable(const std::string& name) {
-  if (name != "hip") return "";
+  if (name != "hip" && name != "hip-bf16") return "";
 #ifdef PARITY_HAVE_DEVICE
   return device_available() ? "" : "no GPU: " + device_unavailable_reason();
 #else
   return "this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)";
 #endif
+}
+
+std::string candidate_flags(const std::string& name) {
+  return name == "hip-bf16" ? "--candidate hip --precision bf16" : "--candidate " + name;
+}
+
+std::unique_ptr<Backend> make_candidate(const std::string& name, const Model& model) {
+#ifdef PARITY_HAVE_DEVICE
+  if (name == "hip-bf16") {
+    device::DeviceOptions o = device::device_options_from_environment();
+    o.precision = device::Precision::bf16;
+    return make_hip_backend(model, o);
+  }
+#endif
+  return make_backend(name, model);
+}
+
+std::string candidate_test_name(const std::string& name) {
+  std::string n = name;
+  for (char& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
 }
 
 ToolResult run_tool(const std::string& tool, const std::string& args) {

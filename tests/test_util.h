@@ -2,8 +2,11 @@
 // and running the built tools.
 #pragma once
 #include <initializer_list>
+#include <memory>
 #include <string>
 
+#include "model/backend.h"
+#include "model/checkpoint.h"
 #include "model/config.h"
 
 namespace parity::test {
@@ -19,7 +22,15 @@ std::string temp_dir(const std::string& tag);
 
 // Why candidate backend `name` cannot run in this build and on this machine ("hip" without a
 // device backend or a GPU), or "" when it can: the reason a device test skips with.
+// The candidates are backend names, and "hip-bf16": the device backend in its bf16 precision.
 std::string candidate_unavailable(const std::string& name);
+// The candidate's parity-trace arguments ("--candidate hip --precision bf16" for hip-bf16).
+std::string candidate_flags(const std::string& name);
+// The candidate's backend on `model` (tools' make_backend; hip-bf16 from the environment's device
+// options with the precision bf16).
+std::unique_ptr<Backend> make_candidate(const std::string& name, const Model& model);
+// A name usable in a test's name ("cpu_f32", "hip_bf16").
+std::string candidate_test_name(const std::string& name);
 
 // Expects an error message of the house form: one line of bounded length (an untrusted value is
 // never echoed whole), naming `where` (the file), holding every fragment.

@@ -107,6 +107,7 @@ nlohmann::json DeviceRuntime::facts() const {
   f["kv_blocks"] = kv_->blocks().num_blocks();
   f["kv_bytes"] = kv_->bytes();
   f["step_graphs"] = options_.graphs && !options_.sync_after_launch;
+  f["precision"] = std::string(precision_name(options_.precision));
   return f;
 }
 

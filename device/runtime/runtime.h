@@ -70,6 +70,8 @@ class DeviceRuntime {
   const Step& step() const { return step_; }
   const MemoryReport& memory() const { return memory_; }
   int max_context() const { return max_context_; }
+  // The products' precision every stage's launch reads (DeviceOptions::precision).
+  Precision precision() const { return options_.precision; }
 
   // The attention shape and KV place of `layer`, and the kernels' view of the KV cache for the
   // current step.
