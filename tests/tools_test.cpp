@@ -287,6 +287,47 @@ TEST(Tools, BenchDecodesBatchesAndCountsTheSelectedExperts) {
   EXPECT_NE(r.output.find("--start"), std::string::npos) << r.output;
 }
 
+// --precision (run, parity-trace --candidate, parity-bench): the device backend's precision of
+// the products. An unknown name is one line naming the choices, bf16 with a host backend is one
+// line naming the device backend, both before any work; fp32 with a host backend runs (cpu-f32
+// computes in float32).
+TEST(Tools, PrecisionIsTheDeviceBackendsAndCheckedFirst) {
+  const std::string tiny = test::tiny_model_dir();
+  const std::string out = test::temp_dir("precision") + "/trace";
+  const std::vector<std::pair<std::string, std::string>> host_runs = {
+      {"run", tiny + " -i hi --backend cpu-f32"},
+      {"parity-trace", "--model " + tiny + " --tokens 1,2 --candidate cpu-f32 --out " + out},
+      {"parity-bench", "--model " + tiny + " --backend cpu-f32"}};
+  for (const auto& [tool, args] : host_runs) {
+    for (const char* bad : {"fp16", "''", "BF16"}) {
+      const auto r = test::run_tool(tool, args + " --precision " + bad);
+      EXPECT_EQ(r.exit_code, 2) << tool << " " << bad << ": " << r.output;
+      EXPECT_EQ(lines(r.output), 1u) << tool << " " << bad << ": " << r.output;
+      EXPECT_EQ(r.output.rfind(tool + ": error: --precision ", 0), 0u) << r.output;
+      EXPECT_NE(r.output.find(": not a precision (fp32, bf16)"), std::string::npos) << r.output;
+    }
+    const auto r = test::run_tool(tool, args + " --precision bf16");
+    EXPECT_EQ(r.exit_code, 2) << tool << ": " << r.output;
+    EXPECT_EQ(lines(r.output), 1u) << tool << ": " << r.output;
+    EXPECT_EQ(r.output.rfind(tool + ": error: --precision ", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find(tool == "parity-trace" ? "--candidate hip" : "--backend hip"),
+              std::string::npos)
+        << "the way out is named: " << r.output;
+    EXPECT_NE(r.output.find("cpu-f32"), std::string::npos) << r.output;
+  }
+  // parity-trace's --precision has a second use, and the refusal names both.
+  const auto trace = test::run_tool("parity-trace", host_runs[1].second + " --precision bf16");
+  EXPECT_NE(trace.output.find("--candidate-trace"), std::string::npos) << trace.output;
+  EXPECT_FALSE(fs::exists(out)) << "nothing written before the check";
+
+  auto r = test::run_tool("run", host_runs[0].second + " -n 2 --precision fp32");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(0 failed)"), std::string::npos) << r.output;
+  r = test::run_tool("parity-bench", host_runs[2].second + " -q --precision fp32");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("backend cpu-f32"), std::string::npos) << r.output;
+}
+
 TEST(Tools, SynthChecksItsLimitsBeforeWriting) {
   const std::string out = test::temp_dir("synth-limits");
   auto r = test::run_tool("parity-synth", "--preset tiny --stats-positions 2147483647 --out " + out);

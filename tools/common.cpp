@@ -15,6 +15,7 @@
 #include <iostream>
 #include <limits>
 
+#include "device/runtime/options.h"
 #include "model/error.h"
 #include "model/synth.h"
 #include "model/untrusted.h"
@@ -69,35 +70,57 @@ namespace {
 std::string backend_name(const std::string& name_given) {
   return name_given == "cuda" || name_given == "gpu" ? "hip" : name_given;
 }
+
+// A host backend's products are float32 (cpu-f32) or float64 (reference): fp32 alone.
+void check_backend_precision(const std::string& backend, device::Precision p) {
+  if (p != device::Precision::fp32 && !is_device_backend(backend))
+    fail(
+        "--precision {}: a precision of the device backend (--backend hip), not of {} (the host "
+        "backends compute in float32 or float64)",
+        device::precision_name(p), quoted(backend, 40));
+}
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const std::string& name_given, const Model& model) {
+bool is_device_backend(const std::string& name) {
+  return backend_name(name) == "hip";
+}
+
+device::Precision backend_precision_option(const std::string& name, const std::string& backend) {
+  const device::Precision p = device::parse_precision(name, "--precision");
+  check_backend_precision(backend, p);
+  return p;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
+                                      std::optional<device::Precision> precision) {
+  // 0 sequences, 0 positions: the environment's sizes as they are.
+  return make_batched_backend(name, model, 0, 0, precision);
+}
+
+std::unique_ptr<Backend> make_batched_backend(const std::string& name_given, const Model& model,
+                                              int sequences, int context,
+                                              std::optional<device::Precision> precision) {
   const std::string name = backend_name(name_given);
+  if (precision) check_backend_precision(name_given, *precision);
   if (name == "reference") return make_reference_backend(model);
   if (name == "cpu-f32") return make_cpu_f32_backend(model);
 #ifdef PARITY_HAVE_DEVICE
-  if (name == "hip") return make_hip_backend(model);
+  if (name == "hip") {
+    device::DeviceOptions o = device::device_options_from_environment();
+    if (o.max_context == 0) o.max_context = context;
+    if (o.kv_sequences > 0) o.kv_sequences = std::max(o.kv_sequences, sequences);
+    if (precision) o.precision = *precision;
+    return make_hip_backend(model, o);
+  }
+#else
+  (void)sequences;
+  (void)context;
 #endif
   if (name == "hip")
     fail("backend {}: this build has no device backend (configure with -DGPU=cuda or -DGPU=hip)",
          name_given);
   fail("unknown backend {} (reference, cpu-f32, hip; cuda and gpu are names of hip)",
        quoted(name_given, 40));
-}
-
-std::unique_ptr<Backend> make_batched_backend(const std::string& name_given, const Model& model,
-                                              int sequences, int context) {
-#ifdef PARITY_HAVE_DEVICE
-  if (backend_name(name_given) == "hip") {
-    device::DeviceOptions o = device::device_options_from_environment();
-    if (o.max_context == 0) o.max_context = context;
-    if (o.kv_sequences > 0) o.kv_sequences = std::max(o.kv_sequences, sequences);
-    return make_hip_backend(model, o);
-  }
-#endif
-  (void)sequences;
-  (void)context;
-  return make_backend(name_given, model);
 }
 
 std::string default_candidate() {

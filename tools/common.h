@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "device/kernel_types.h"
 #include "model/backend.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
@@ -24,14 +25,28 @@ inline constexpr int kExitOk = 0, kExitDiverged = 1, kExitError = 2;
 // on first use (a few seconds), so `--model tiny` works with no setup.
 std::string resolve_model(const std::string& model, const std::string& models_dir_flag);
 
+// Whether `name` names the device backend: hip, or its other names cuda and gpu.
+bool is_device_backend(const std::string& name);
+
 // "reference", "cpu-f32", "hip" (when built with a device backend; "cuda" and "gpu" name it too).
-std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model);
+// The device backend takes its options from the environment (device_options_from_environment);
+// `precision`, when given (a tool's --precision), replaces the products' precision
+// (PARITY_DEVICE_PRECISION, else fp32). A host backend takes none or fp32.
+std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
+                                      std::optional<device::Precision> precision = std::nullopt);
 std::string default_candidate();  // hip when a device is present, else cpu-f32
 // make_backend for `sequences` sequences of up to `context` positions decoded together: the
 // device backend's KV cache holds them unless PARITY_DEVICE_KV_BYTES or
 // PARITY_DEVICE_MAX_CONTEXT says otherwise (the host backends hold any number).
-std::unique_ptr<Backend> make_batched_backend(const std::string& name, const Model& model,
-                                              int sequences, int context);
+std::unique_ptr<Backend> make_batched_backend(
+    const std::string& name, const Model& model, int sequences, int context,
+    std::optional<device::Precision> precision = std::nullopt);
+
+// The precision a tool's `--precision NAME` names for the backend of its --backend, checked
+// before any work: an unknown name is parse_precision's error ("--precision NAME: not a
+// precision (fp32, bf16)"); a host backend takes fp32 alone (cpu-f32 computes in float32, the
+// reference in float64), bf16 with it is refused.
+device::Precision backend_precision_option(const std::string& name, const std::string& backend);
 
 // OpenMP workers that wait actively at barriers spin while another process holds the cores,
 // which made a two-thread step hundreds of times slower on a busy machine. libgomp reads its

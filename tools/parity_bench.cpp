@@ -178,12 +178,17 @@ int bench_batched(Backend& b, const Model& m, int batch, int start, int position
 
 int bench_main(int argc, char** argv) {
   CLI::App app{"parity-bench: untraced forward wall time per position, with work per token"};
-  std::string model = "tiny", models_dir, backend_name = "reference";
+  std::string model = "tiny", models_dir, backend_name = "reference", precision_name;
   int positions = 1, warmup = 0, batch = 1, start = 0;
   bool quiet = false;
   app.add_option("--model", model, "checkpoint directory or preset")->capture_default_str();
   app.add_option("--models-dir", models_dir, "where presets live");
   app.add_option("--backend", backend_name, "reference, cpu-f32, hip")->capture_default_str();
+  auto* o_precision = app.add_option(
+      "--precision", precision_name,
+      "hip: the precision of the products, fp32 (exact) or bf16 (each product's input rounded "
+      "once to BF16, FP32 accumulation); default PARITY_DEVICE_PRECISION, else fp32; a host "
+      "backend takes fp32 alone");
   add_decimal_option(app, "--positions", positions, "positions decoded one step each, from 0", 1);
   app.add_option("--warmup", warmup, "untimed steps first (then the cache restarts at 0)")
       ->capture_default_str();
@@ -198,6 +203,8 @@ int bench_main(int argc, char** argv) {
       ->check(CLI::Range(0, ConfigLimits::kMaxContext))
       ->capture_default_str();
   if (const auto done = parse_command_line(app, "parity-bench", argc, argv)) return *done;
+  std::optional<device::Precision> precision;
+  if (o_precision->count() > 0) precision = backend_precision_option(precision_name, backend_name);
   auto t0 = std::chrono::steady_clock::now();
   auto m = Model::load(resolve_model(model, models_dir));
   // The positions a sequence reaches: the prefill, the timed steps (or the warmup's), the census.
@@ -205,8 +212,9 @@ int bench_main(int argc, char** argv) {
   if (batch > 1 && batched_context > m->config.max_position_embeddings)
     fail("--start {} and --positions {}: {} positions per sequence exceed the model's context {}",
          start, positions, batched_context, m->config.max_position_embeddings);
-  auto b = batch > 1 ? make_batched_backend(backend_name, *m, batch, int(batched_context))
-                     : make_backend(backend_name, *m);
+  auto b = batch > 1
+               ? make_batched_backend(backend_name, *m, batch, int(batched_context), precision)
+               : make_backend(backend_name, *m, precision);
   const double load = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Work w = work_per_token(*m);
   std::cout << fmt::format("model {} ({:.2f} GB of weights), backend {}, load {:.2f} s\n", m->dir,

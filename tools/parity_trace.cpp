@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 
+#include "device/runtime/options.h"
 #include "model/error.h"
 #include "model/lockstep.h"
 #include "model/recompute.h"
@@ -389,9 +390,13 @@ int trace_main(int argc, char** argv) {
                  ".json, .xml (JUnit), .html)")
       ->required();
   std::string candidate_trace, precision;
-  app.add_option("--precision", precision,
-                 "with --candidate-trace: judge the capture as this precision preset (" +
-                     preset_list() + "; default: the one it declares)");
+  auto* o_precision = app.add_option(
+      "--precision", precision,
+      "with --candidate hip: the device's precision of the products, fp32 (exact) or bf16 (each "
+      "product's input rounded once to BF16, FP32 accumulation; the bf16-operands preset); "
+      "default PARITY_DEVICE_PRECISION, else fp32. With --candidate-trace: judge the capture as "
+      "this precision preset (" +
+          preset_list() + "; default: the one it declares)");
   auto* o_capture = app.add_option(
       "--candidate-trace", candidate_trace,
       "diff a capture of your own port (parity_capture.h, python/parity_capture) instead of "
@@ -419,15 +424,22 @@ int trace_main(int argc, char** argv) {
       // Refuses a truncated or foreign file, or one that is not a capture, naming it.
       const TraceReader capture(candidate_trace, TraceKind::capture);
       Criterion criterion = criterion_from_flags(cf);
-      if (!precision.empty()) criterion.policy = PrecisionPolicy::preset(precision);
+      if (o_precision->count() > 0) criterion.policy = PrecisionPolicy::preset(precision);
       return trace_capture(capture, model, models_dir, tokens, o_tokens->count() > 0, criterion,
                            step_rows, out, junit_path);
     }
-    if (!precision.empty())
-      fail("--precision applies to --candidate-trace (the precision a capture is judged as)");
+    // --precision with a candidate: the device backend's precision of the products.
+    std::optional<device::Precision> device_precision;
+    if (o_precision->count() > 0)
+      device_precision = device::parse_precision(precision, "--precision");
     if (o_tokens->count() == 0 && o_token->count() == 0)
       fail("give --tokens t0,t1,... or --token T --pos P");
     if (candidate.empty()) candidate = default_candidate();
+    if (device_precision && !is_device_backend(candidate))
+      fail(
+          "--precision applies to --candidate hip (the device's precision of the products) and "
+          "to --candidate-trace (the precision a capture is judged as), not to --candidate {}",
+          quoted(candidate, 40));
 
     // The criterion, checked before any work.
     const Criterion criterion = criterion_from_flags(cf);
@@ -497,7 +509,7 @@ int trace_main(int argc, char** argv) {
     if (skip_prefix) {
       t0 = std::chrono::steady_clock::now();
       // A device cache as long as the prompt (its default is 4,096 positions).
-      auto cand = make_batched_backend(candidate, *m, 1, int(lo.prompt.size()));
+      auto cand = make_batched_backend(candidate, *m, 1, int(lo.prompt.size()), device_precision);
       phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
       return trace_skipping_prefix(*m, *cand, lo.prompt, lo.injection, step_rows, criterion, out,
                                    junit_path, phases);
@@ -506,7 +518,8 @@ int trace_main(int argc, char** argv) {
     auto reference = make_backend("reference", *m);
     phases.push_back({"reference setup", since(t0)});
     t0 = std::chrono::steady_clock::now();
-    auto cand = make_backend(candidate, *m);  // the device backend uploads the weights here
+    // The device backend uploads the weights here.
+    auto cand = make_backend(candidate, *m, device_precision);
     phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
     check_lockstep(lo, *reference, *cand);
 

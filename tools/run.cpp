@@ -51,6 +51,9 @@ namespace fs = std::filesystem;
 // layout (tokenizer/tiny_tokenizer.h) when its directory has no tokenizer.json.
 constexpr int kO200kSpecialStart = 199998;
 
+// The device backend's products without --precision: fp32, the exact path the harness traces.
+constexpr device::Precision kDefaultPrecision = device::Precision::fp32;
+
 // A text or token id file for tokenize and detokenize: read whole, so bounded.
 constexpr uint64_t kMaxTextFileBytes = uint64_t(1) << 30;
 
@@ -94,6 +97,8 @@ struct RunFlags {
   bool no_progress = false, no_graphs = false;
   int max_tokens = 128, max_batch = 16, step_tokens = 256, context = 0;
   SamplingParams sampling;
+  std::optional<std::string> precision_name;        // --precision as given
+  device::Precision precision = kDefaultPrecision;  // the device backend's, from it
 };
 
 // `text` into the -o file (whole or not at all), or onto standard output without one.
@@ -105,7 +110,7 @@ void emit(const RunFlags& f, const std::string& text) {
 }
 
 bool device_backend(const RunFlags& f) {
-  return f.backend == "hip" || f.backend == "cuda" || f.backend == "gpu";
+  return is_device_backend(f.backend);
 }
 
 // The engines of this process: one per GPU with the device backend, one per --gpus worker on a
@@ -194,6 +199,7 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
           o.kv_bytes = kv_bytes;
           o.arena_rows = o.max_step_rows = std::max(f.step_tokens, f.max_batch);
           o.graphs = !f.no_graphs;
+          o.precision = f.precision;
           if (i == 0 && mpi_local_rank <= 0)
             o.log = [](const std::string& text) { std::cerr << text << std::flush; };
           w.runners[size_t(i)] = make_device_runner(*w.model, o, f.kernel_times);
@@ -464,6 +470,12 @@ void add_run_options(CLI::App& app, RunFlags& f) {
       ->check(non_empty_value());
   app.add_flag("--kernel-times", f.kernel_times,
                "hip: time each stage's kernels with device events and print the table");
+  app.add_option_function<std::string>(
+      "--precision", [&f](const std::string& name) { f.precision_name = name; },
+      fmt::format("hip: the precision of the products, fp32 (exact, the path the harness "
+                  "traces) or bf16 (each product's input rounded once to BF16, FP32 "
+                  "accumulation); default {}; a host backend takes fp32 alone",
+                  device::precision_name(kDefaultPrecision)));
   app.add_flag("--no-progress", f.no_progress, "getp: no progress display");
   app.add_flag("--no-graphs", f.no_graphs,
                "hip: launch each kernel of a step on its own (default: a step's layers as one "
@@ -481,10 +493,12 @@ void add_run_options(CLI::App& app, RunFlags& f) {
   app.add_option("--models-dir", f.models_dir, "where presets live");
 }
 
-// What the options say before any file is read: sampling values, the default backend.
+// What the options say before any file is read: sampling values, the default backend, the
+// precision (bf16 is the device backend's alone).
 void check_flags(RunFlags& f) {
   f.sampling.validate();
   if (f.backend.empty()) f.backend = default_candidate();
+  if (f.precision_name) f.precision = backend_precision_option(*f.precision_name, f.backend);
 }
 
 #ifdef PARITY_HAVE_MPI
