@@ -198,7 +198,7 @@ step_bench() {
 
 # The engine's device runner and the device sampler: their tests must run here, not skip.
 step_engine() {
-  logged engine "$bin/parity_tests" --gtest_filter='EngineDevice.*:DeviceSampler*:Backends/EngineBatchInvariance.*' \
+  logged engine "$bin/parity_tests" --gtest_filter='*EngineDevice.*:DeviceSampler*:Backends/EngineBatchInvariance.*' \
     --gtest_brief=0
   if grep -q "SKIPPED" "$LOG_DIR/engine.log"; then
     echo "FAILED: engine device tests skipped on the GPU machine"
@@ -391,6 +391,8 @@ step_engine-gpus() {
 # the outputs' greedy tokens of the two precisions compared (how many requests differ).
 step_precision-bench() {
   [ -f "$MODELS_DIR/20b/config.json" ] || logged precision-bench "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  [ -f "$MODELS_DIR/20b/tokenizer.json" ] || logged precision-bench "$bin/parity-synth" --preset 20b \
+    "${synth_tokenizer[@]}" --tokenizer-only --out "$MODELS_DIR/20b"
   local req="$LOG_DIR/requests"
   mkdir -p "$req"
   make_requests 64 20 400 "$req/mixed-64.txt"

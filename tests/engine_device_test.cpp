@@ -39,9 +39,10 @@ std::vector<EngineRequest> requests(int count) {
 }
 
 // max_context 0: the traced backend's default (the attention kernels split keys by it).
-std::unique_ptr<StepRunner> device_runner(size_t kv_bytes = 0, int max_context = 0,
-                                          bool graphs = true) {
+std::unique_ptr<StepRunner> device_runner(device::Precision precision, size_t kv_bytes = 0,
+                                          int max_context = 0, bool graphs = true) {
   device::DeviceOptions o;
+  o.precision = precision;
   o.graphs = graphs;
   o.max_context = max_context;
   o.kv_bytes = kv_bytes;
@@ -61,11 +62,22 @@ EngineOptions options(int max_batch, int step_tokens, double temperature) {
   return o;
 }
 
-class EngineDevice : public ::testing::Test {
+// Every guarantee in both precisions of the products (the runner and the traced backend of the
+// same precision).
+class EngineDevice : public ::testing::TestWithParam<device::Precision> {
  protected:
   void SetUp() override {
     if (const std::string why = test::candidate_unavailable("hip"); !why.empty())
       GTEST_SKIP() << why;
+  }
+  std::unique_ptr<StepRunner> runner(size_t kv_bytes = 0, int max_context = 0,
+                                     bool graphs = true) const {
+    return device_runner(GetParam(), kv_bytes, max_context, graphs);
+  }
+  std::unique_ptr<Backend> traced_hip() const {
+    device::DeviceOptions o = device::device_options_from_environment();
+    o.precision = GetParam();
+    return make_hip_backend(tiny_model(), o);
   }
 };
 
@@ -91,12 +103,12 @@ std::vector<std::vector<float>> traced_logits(Backend& hip, const std::vector<To
   return rows;
 }
 
-TEST_F(EngineDevice, GreedyTokensAreTheArgmaxOfTheTracedHipLogits) {
-  auto runner = device_runner();
+TEST_P(EngineDevice, GreedyTokensAreTheArgmaxOfTheTracedHipLogits) {
+  auto runner = this->runner();
   Engine engine(*runner, options(4, 9, 0));
   const auto reqs = requests(10);
   const auto results = engine.run(reqs);
-  auto hip = make_hip_backend(tiny_model());
+  auto hip = traced_hip();
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_FALSE(results[i].generated.empty());
     const auto rows = traced_logits(*hip, reqs[i].prompt, results[i].generated);
@@ -106,13 +118,13 @@ TEST_F(EngineDevice, GreedyTokensAreTheArgmaxOfTheTracedHipLogits) {
   }
 }
 
-TEST_F(EngineDevice, SampledTokensAreTheHostSamplersOnTheTracedHipLogits) {
-  auto runner = device_runner();
+TEST_P(EngineDevice, SampledTokensAreTheHostSamplersOnTheTracedHipLogits) {
+  auto runner = this->runner();
   const EngineOptions o = options(4, 9, 0.9);
   Engine engine(*runner, o);
   const auto reqs = requests(10);
   const auto results = engine.run(reqs);
-  auto hip = make_hip_backend(tiny_model());
+  auto hip = traced_hip();
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto rows = traced_logits(*hip, reqs[i].prompt, results[i].generated);
     for (size_t t = 0; t < rows.size(); ++t)
@@ -122,10 +134,10 @@ TEST_F(EngineDevice, SampledTokensAreTheHostSamplersOnTheTracedHipLogits) {
   }
 }
 
-TEST_F(EngineDevice, ARequestsTokensDoNotDependOnItsBatch) {
+TEST_P(EngineDevice, ARequestsTokensDoNotDependOnItsBatch) {
   const auto reqs = requests(12);
   for (const double temperature : {0.0, 0.9}) {
-    auto runner = device_runner();
+    auto runner = this->runner();
     std::vector<std::vector<TokenId>> alone;
     {
       Engine one(*runner, options(1, 64, temperature));
@@ -139,12 +151,12 @@ TEST_F(EngineDevice, ARequestsTokensDoNotDependOnItsBatch) {
   }
 }
 
-TEST_F(EngineDevice, GraphLaunchedStepsGiveTheTokensOfKernelsLaunchedOneByOne) {
+TEST_P(EngineDevice, GraphLaunchedStepsGiveTheTokensOfKernelsLaunchedOneByOne) {
   const auto reqs = requests(12);
   for (const double temperature : {0.0, 0.9}) {
-    auto one_by_one = device_runner(0, 0, false);
+    auto one_by_one = runner(0, 0, false);
     const auto want = Engine(*one_by_one, options(6, 16, temperature)).run(reqs);
-    auto graphs = device_runner(0, 0, true);
+    auto graphs = runner(0, 0, true);
     const auto got = Engine(*graphs, options(6, 16, temperature)).run(reqs);
     EXPECT_THAT(graphs->launches(), ::testing::ContainsRegex("[1-9][0-9]* replayed"));
     EXPECT_THAT(one_by_one->launches(),
@@ -155,20 +167,26 @@ TEST_F(EngineDevice, GraphLaunchedStepsGiveTheTokensOfKernelsLaunchedOneByOne) {
   }
 }
 
-TEST_F(EngineDevice, ASmallPagedCacheRunsEveryRequest) {
+TEST_P(EngineDevice, ASmallPagedCacheRunsEveryRequest) {
   const auto reqs = requests(30);
-  auto roomy = device_runner(0, 256);
+  auto roomy = runner(0, 256);
   const auto expected = Engine(*roomy, options(16, 64, 0.9)).run(reqs);
   // Room for a few sequences only: admission waits for retirements, blocks are reused.
   const size_t block_bytes = size_t(roomy->config().kv_dim()) * 2 * 32 * sizeof(float) *
                              size_t(roomy->config().num_hidden_layers);
-  auto small = device_runner(block_bytes * 24, 256);
+  auto small = runner(block_bytes * 24, 256);
   ASSERT_LT(small->kv_blocks(), roomy->kv_blocks());
   Engine engine(*small, options(16, 64, 0.9));
   const auto results = engine.run(reqs);
   for (size_t i = 0; i < reqs.size(); ++i)
     EXPECT_EQ(results[i].generated, expected[i].generated) << "request " << i;
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, EngineDevice,
+                         ::testing::Values(device::Precision::fp32, device::Precision::bf16),
+                         [](const ::testing::TestParamInfo<device::Precision>& i) {
+                           return std::string(device::precision_name(i.param));
+                         });
 
 #else
 

@@ -62,13 +62,26 @@ TEST_P(CandidateTest, TinyPassesUnderDerivedBoundsPastTwiceTheWindow) {
   EXPECT_EQ(j["candidate_backend"], GetParam() == "hip-bf16" ? "hip" : GetParam());
 }
 
-TEST_P(CandidateTest, TinyPassesUnderTheFixedFp32Profile) {
+// The fixed fp32 profile passes the float32 candidates; BF16 operands (hip-bf16) lie outside it,
+// and the first divergence is a product stage's: no fixed profile judges bf16 products fairly (the
+// bf16 profile, made for BF16 storage, misses mlp1's cancellations near zero by 1.33x), the
+// derived bounds of its declared precision do (TinyPassesUnderDerivedBoundsPastTwiceTheWindow).
+TEST_P(CandidateTest, TinyUnderTheFixedFp32Profile) {
   const std::string out = test::temp_dir("trace-fixed");
   auto r = test::run_tool("parity-trace", "--model " + test::tiny_model_dir() + " --tokens " +
                                               kTokens + " " + test::candidate_flags(GetParam()) +
                                               " --profile fp32 --out " + out);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(read_json(fs::path(out) / "report.json")["criterion"]["kind"], "fixed");
+  const auto j = read_json(fs::path(out) / "report.json");
+  EXPECT_EQ(j["criterion"]["kind"], "fixed");
+  if (GetParam() != "hip-bf16") {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return;
+  }
+  ASSERT_EQ(r.exit_code, 1) << r.output;
+  const std::string stage = j["first_divergence"]["stage"];
+  EXPECT_TRUE(stage == "qkv" || stage == "o_proj" || stage == "mlp1" || stage == "mlp2" ||
+              stage == "logits")
+      << j["first_divergence"].dump();
 }
 
 TEST_P(CandidateTest, GenerationTracesTheSampledTokenAsADecision) {
