@@ -96,6 +96,7 @@ std::string receive(const MPI_Status& status) {
 std::string encode_item(const WorkItem& item) {
   Writer w;
   w.put(uint64_t(item.index)).put(item.request.id).put_vector(item.request.prompt);
+  w.put(int32_t(item.request.max_tokens)).put(uint8_t(item.request.ignore_eos ? 1 : 0));
   return w.bytes();
 }
 
@@ -105,6 +106,10 @@ WorkItem decode_item(const std::string& bytes) {
   item.index = size_t(r.get<uint64_t>());
   item.request.id = r.get<uint64_t>();
   item.request.prompt = r.get_vector<TokenId>();
+  item.request.max_tokens = r.get<int32_t>();
+  const uint8_t ignore_eos = r.get<uint8_t>();
+  PARITY_CHECK(ignore_eos <= 1, "MPI message: ignore_eos {}", ignore_eos);
+  item.request.ignore_eos = ignore_eos == 1;
   return item;
 }
 

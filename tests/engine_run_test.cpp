@@ -149,6 +149,67 @@ TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
   EXPECT_EQ(out[5].find("ERROR"), std::string::npos);
 }
 
+TEST(EngineRun, JsonLinesSetEachRequestsLengthAndFailAlone) {
+  const std::string dir = test::temp_dir("engine-run-jsonl");
+  const Tokenizer tok = Tokenizer::parse(tiny_tokenizer_json(1024), "tiny");
+  const std::string ids = ids_text(tok.encode("The quick brown fox", false));
+  std::string id_list;
+  for (const char c : ids) id_list += c == ' ' ? std::string(", ") : std::string(1, c);
+  const std::vector<std::string> lines = {
+      R"({"prompt": "The quick brown fox", "max_tokens": 3})",
+      R"({"prompt_token_ids": [)" + id_list + R"(], "max_tokens": 5, "ignore_eos": true})",
+      R"({"prompt": "default length"})",
+      R"({"prompt": "typo", "max_token": 5})",
+      R"({"prompt_token_ids": [1, 5000]})",
+      R"({"prompt": "too many", "max_tokens": 65})",
+      R"({"prompt_token_ids": [)" + id_list + R"(], "max_tokens": 64})",
+  };
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  write(dir + "/r.jsonl", text);
+  const auto r = test::run_tool("run", test::tiny_model_dir() +
+                                           " -m getp --backend cpu-f32 -t 0 -n 4 --context 64 -i " +
+                                           dir + "/r.jsonl -o " + dir + "/out.txt");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const auto out = lines_of(read(dir + "/out.txt"));
+  ASSERT_EQ(out.size(), 7u) << read(dir + "/out.txt");
+  const auto count = [](const std::string& line) {
+    std::stringstream s(line);
+    int n = 0;
+    for (std::string id; s >> id;) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(out[0]), 3) << out[0];
+  EXPECT_EQ(count(out[1]), 5) << out[1];
+  // The ids of the first line's text: the same greedy tokens, as many as it asked for.
+  EXPECT_EQ(out[1].rfind(out[0], 0), 0u) << out[0] << " / " << out[1];
+  EXPECT_EQ(count(out[2]), 4) << out[2];  // -n
+  EXPECT_EQ(out[3].rfind("ERROR line 4: unknown key \"max_token\"", 0), 0u) << out[3];
+  EXPECT_EQ(out[4],
+            "ERROR line 5: token 5000 at index 1 is outside the model's vocabulary of 1024");
+  EXPECT_EQ(out[5], "ERROR line 6: max_tokens 65 is more than the context of 64 positions");
+  // The context caps a request's max_tokens as it caps -n: it ends with the context full.
+  EXPECT_EQ(count(out[6]), 64 - count(ids) + 1) << out[6];
+  EXPECT_NE(r.output.find("run: line 6: max_tokens 65 is more than the context"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("run: 7 requests (3 failed)"), std::string::npos) << r.output;
+}
+
+TEST(EngineRun, AJsonLinesFileThatCannotBeReadIsExitTwo) {
+  const std::string dir = test::temp_dir("engine-run-jsonl-file");
+  ASSERT_EQ(::mkfifo((dir + "/fifo.jsonl").c_str(), 0600), 0);
+  std::filesystem::create_directory(dir + "/dir.jsonl");
+  for (const std::string name : {"/fifo.jsonl", "/dir.jsonl", "/missing.jsonl"}) {
+    const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp --backend cpu-f32 -i " +
+                                             dir + name + " -o " + dir + "/out.txt");
+    EXPECT_EQ(r.exit_code, 2) << name << ": " << r.output;
+    EXPECT_NE(r.output.find("run: error: " + dir + name + ": "), std::string::npos)
+        << name << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_FALSE(std::ifstream(dir + "/out.txt").good()) << name;
+  }
+}
+
 TEST(EngineRun, ContextFlagLimitsPromptAndGeneration) {
   const std::string dir = test::temp_dir("engine-run");
   write(dir + "/requests.txt", "hi\none two three four five six seven eight nine ten eleven\n");

@@ -295,7 +295,14 @@ Prepared prepare(const RunFlags& f, const std::vector<RequestLine>& lines, const
     p.outcomes[i].error = lines[i].error;
     if (!p.outcomes[i].error.empty()) continue;
     try {
-      p.requests.push_back({uint64_t(lines[i].line - 1), prompt_tokens(t, lines[i].prompt, f.harmony)});
+      EngineRequest r;
+      r.id = uint64_t(lines[i].line - 1);
+      // Token ids run as they are (--harmony wraps text prompts only).
+      r.prompt = lines[i].prompt_ids.empty() ? prompt_tokens(t, lines[i].prompt, f.harmony)
+                                             : lines[i].prompt_ids;
+      r.max_tokens = lines[i].max_tokens;
+      r.ignore_eos = lines[i].ignore_eos;
+      p.requests.push_back(std::move(r));
       p.outcome_of.push_back(i);
     } catch (const Error& e) {
       p.outcomes[i].error = e.what();
