@@ -14,12 +14,19 @@
 
 namespace parity {
 
-double EngineStats::ttft_percentile(double q) const {
-  if (ttft_seconds.empty()) return 0;
-  std::vector<double> v = ttft_seconds;
+double nearest_rank_percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t rank = size_t(std::ceil(q * double(v.size())));
   return v[std::clamp(rank, size_t(1), v.size()) - 1];
+}
+
+double EngineStats::ttft_percentile(double q) const {
+  return nearest_rank_percentile(ttft_seconds, q);
+}
+
+double EngineStats::tpot_percentile(double q) const {
+  return nearest_rank_percentile(tpot_seconds, q);
 }
 
 void EngineStats::merge(const EngineStats& o) {
@@ -34,6 +41,7 @@ void EngineStats::merge(const EngineStats& o) {
   prefill_seconds += o.prefill_seconds;
   decode_seconds += o.decode_seconds;
   ttft_seconds.insert(ttft_seconds.end(), o.ttft_seconds.begin(), o.ttft_seconds.end());
+  tpot_seconds.insert(tpot_seconds.end(), o.tpot_seconds.begin(), o.tpot_seconds.end());
 }
 
 Engine::Engine(StepRunner& runner, const EngineOptions& options)
@@ -179,13 +187,14 @@ void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_
     const std::vector<TokenId> tokens = runner_.step(plan.batch, samples, options_.sampling);
     PARITY_CHECK(tokens.size() == plan.samples.size(), "{} tokens for {} samples", tokens.size(),
                  plan.samples.size());
+    const double sampled_at = since_start();  // every token of the step is there now
     for (size_t i = 0; i < plan.samples.size(); ++i) {
       const int slot = plan.samples[i].slot;
       ScheduledSequence& seq = scheduler.sequence(slot);
       Running& r = slots[size_t(slot)];
       const TokenId token = tokens[i];
       if (r.result.generated.empty()) {
-        r.result.ttft_seconds = since_start();
+        r.result.ttft_seconds = sampled_at;
         stats_.ttft_seconds.push_back(r.result.ttft_seconds);
       }
       r.result.generated.push_back(token);
@@ -201,6 +210,8 @@ void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_
         r.result.finish = stop     ? FinishReason::stop
                           : length ? FinishReason::length
                                    : FinishReason::context;
+        if (const size_t n = r.result.generated.size(); n >= 2)
+          stats_.tpot_seconds.push_back((sampled_at - r.result.ttft_seconds) / double(n - 1));
         scheduler.retire(slot);
         runner_.release(slot);
         reserved -= r.blocks;

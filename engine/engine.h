@@ -46,10 +46,18 @@ struct EngineStats {
   double wall_seconds = 0;
   // Step time shared between prefill and decode in proportion to their rows in the step.
   double prefill_seconds = 0, decode_seconds = 0;
-  std::vector<double> ttft_seconds;        // per request that produced a token
+  // Per request that produced a token: the time to its first token (from the start of the run).
+  std::vector<double> ttft_seconds;
+  // Per request that produced at least two: the time per output token after the first, (time of
+  // its last token - time of its first) / (tokens - 1), as vLLM's benchmark reports TPOT.
+  std::vector<double> tpot_seconds;
   double ttft_percentile(double q) const;  // nearest rank; 0 with none
-  void merge(const EngineStats& o);        // another engine's (several GPUs or ranks)
+  double tpot_percentile(double q) const;
+  void merge(const EngineStats& o);  // another engine's (several GPUs or ranks)
 };
+
+// The q-quantile of `values` by nearest rank (q in (0, 1]); 0 when there are none.
+double nearest_rank_percentile(std::vector<double> values, double q);
 
 using Clock = std::chrono::steady_clock;
 

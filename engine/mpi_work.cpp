@@ -140,6 +140,7 @@ std::string encode_stats(const EngineStats& s) {
   w.put(uint64_t(s.requests)).put(uint64_t(s.failed)).put(s.prompt_tokens).put(s.generated_tokens);
   w.put(s.prefill_rows).put(s.decode_rows).put(s.steps).put(s.wall_seconds);
   w.put(s.prefill_seconds).put(s.decode_seconds).put_vector(s.ttft_seconds);
+  w.put_vector(s.tpot_seconds);
   return w.bytes();
 }
 
@@ -157,6 +158,7 @@ EngineStats decode_stats(const std::string& bytes) {
   s.prefill_seconds = r.get<double>();
   s.decode_seconds = r.get<double>();
   s.ttft_seconds = r.get_vector<double>();
+  s.tpot_seconds = r.get_vector<double>();
   return s;
 }
 

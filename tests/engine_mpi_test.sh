@@ -79,6 +79,9 @@ while read -r line; do
   [ "$n" -eq "$expected" ] || { echo "JSON Lines, line $i: $n tokens, expected $expected"; exit 1; }
 done <"$dir/two-jsonl.txt"
 grep -q 'rank 1: [1-9]' "$dir/two-jsonl.err" || { echo "rank 1 ran no request"; cat "$dir/two-jsonl.err"; exit 1; }
+# Both ranks' times per output token reach the summary: 8 requests of 2 tokens or more.
+grep -q '^run: 16 requests (0 failed), .*TPOT p50 [0-9.]* ms' "$dir/two-jsonl.err" ||
+  { echo "no TPOT in the summary"; cat "$dir/two-jsonl.err"; exit 1; }
 echo "PASS: JSON Lines' max_tokens and ignore_eos on 2 ranks as on 1"
 
 # Every request refused by the engine (longer than --context): results with no tokens and ranks

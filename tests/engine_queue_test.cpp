@@ -2,6 +2,7 @@
 // requests refused one by one: on the CPU backends with the tiny model (CI).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "device/runtime/kv_blocks.h"
@@ -190,6 +191,38 @@ TEST(EngineQueue, IgnoreEosGeneratesPastTheStopTokens) {
   EXPECT_EQ(got[1].finish, FinishReason::length);
   ASSERT_EQ(got[1].generated.size(), 6u);
   EXPECT_EQ(got[1].generated.front(), first);
+}
+
+TEST(EngineQueue, TimePerOutputTokenCountsRequestsOfTwoTokensOrMore) {
+  std::vector<EngineRequest> requests = mixed_requests(6);
+  const std::vector<int> limits = {1, 4, 1, 9, 2, 1};
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].max_tokens = limits[i];
+  auto backend = make_backend("cpu-f32", tiny_model());
+  Engine engine(*backend, options(2, 16));
+  engine.run(requests);
+  const EngineStats& s = engine.stats();
+  EXPECT_EQ(s.ttft_seconds.size(), 6u);
+  ASSERT_EQ(s.tpot_seconds.size(), 3u);  // the requests of 4, 9 and 2 tokens
+  for (const double t : s.tpot_seconds) EXPECT_GT(t, 0);
+  // No request's tokens after the first took longer than the whole run.
+  for (const double t : s.tpot_seconds) EXPECT_LT(t, s.wall_seconds);
+  EXPECT_EQ(s.tpot_percentile(1.0),
+            *std::max_element(s.tpot_seconds.begin(), s.tpot_seconds.end()));
+  EXPECT_EQ(s.tpot_percentile(0.01),
+            *std::min_element(s.tpot_seconds.begin(), s.tpot_seconds.end()));
+  EngineStats merged = s;
+  merged.merge(s);
+  EXPECT_EQ(merged.tpot_seconds.size(), 6u);
+}
+
+TEST(EngineQueue, PercentilesAreByNearestRank) {
+  EXPECT_EQ(nearest_rank_percentile({}, 0.5), 0);
+  EXPECT_EQ(nearest_rank_percentile({3}, 0.99), 3);
+  const std::vector<double> v = {5, 1, 4, 2, 3, 10, 9, 8, 7, 6};
+  EXPECT_EQ(nearest_rank_percentile(v, 0.5), 5);
+  EXPECT_EQ(nearest_rank_percentile(v, 0.99), 10);
+  EXPECT_EQ(nearest_rank_percentile(v, 0.1), 1);
+  EXPECT_EQ(nearest_rank_percentile(v, 0.11), 2);
 }
 
 TEST(EngineQueue, LocalQueueRefusesADoubleCompletion) {

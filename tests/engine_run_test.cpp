@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/progress.h"
 #include "tokenizer/tiny_tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
@@ -97,6 +98,43 @@ TEST(EngineRun, GetpGreedyEqualsTheReferenceDecode) {
     }
     EXPECT_EQ(out[i], ids_text(generated)) << "line " << i + 1;
   }
+}
+
+TEST(EngineRun, TheSummaryHasVllmBenchServesFigures) {
+  EngineStats a;
+  a.requests = 3;
+  a.failed = 1;
+  a.prompt_tokens = 300;
+  a.generated_tokens = 100;
+  a.wall_seconds = 2;
+  a.decode_rows = 90;
+  a.decode_seconds = 1.5;
+  a.prefill_rows = 300;
+  a.prefill_seconds = 0.25;
+  a.ttft_seconds = {0.2, 0.1};
+  a.tpot_seconds = {0.010, 0.030};
+  EngineStats b = a;
+  b.wall_seconds = 4;
+  b.ttft_seconds = {0.4};
+  b.tpot_seconds = {0.020};
+  EngineStats total = a;
+  total.merge(b);
+  EXPECT_EQ(summary_text(a, {a}, {"engine 0"}),
+            "run: 3 requests (1 failed), 300 prompt tokens, 100 generated, wall 2.000 s, total "
+            "200.0 tokens/s, output 50.0 tokens/s, TTFT p50 100.0 ms p99 200.0 ms, TPOT p50 "
+            "10.00 ms p99 30.00 ms, decode 60.0 tokens/s, prefill 1200.0 tokens/s\n");
+  // Two workers: the run's wall time is the longer one, its percentiles over every request; its
+  // decode and prefill rates the sum of the workers'.
+  EXPECT_EQ(summary_text(total, {a, b}, {"rank 0", "rank 1"}),
+            "run: 6 requests (2 failed), 600 prompt tokens, 200 generated, wall 4.000 s, total "
+            "200.0 tokens/s, output 50.0 tokens/s, TTFT p50 200.0 ms p99 400.0 ms, TPOT p50 "
+            "20.00 ms p99 30.00 ms, decode 120.0 tokens/s, prefill 2400.0 tokens/s\n"
+            "run:   rank 0: 3 requests (1 failed), 300 prompt tokens, 100 generated, wall 2.000 s, "
+            "total 200.0 tokens/s, output 50.0 tokens/s, TTFT p50 100.0 ms p99 200.0 ms, TPOT p50 "
+            "10.00 ms p99 30.00 ms, decode 60.0 tokens/s, prefill 1200.0 tokens/s\n"
+            "run:   rank 1: 3 requests (1 failed), 300 prompt tokens, 100 generated, wall 4.000 s, "
+            "total 100.0 tokens/s, output 25.0 tokens/s, TTFT p50 400.0 ms p99 400.0 ms, TPOT p50 "
+            "20.00 ms p99 20.00 ms, decode 60.0 tokens/s, prefill 1200.0 tokens/s\n");
 }
 
 TEST(EngineRun, SmallBatchKeepsOrderAndLosesNothing) {
@@ -193,6 +231,7 @@ TEST(EngineRun, JsonLinesSetEachRequestsLengthAndFailAlone) {
   EXPECT_NE(r.output.find("run: line 6: max_tokens 65 is more than the context"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("run: 7 requests (3 failed)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", TPOT p50 "), std::string::npos) << r.output;
 }
 
 TEST(EngineRun, AJsonLinesFileThatCannotBeReadIsExitTwo) {
