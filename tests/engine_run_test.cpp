@@ -168,6 +168,14 @@ TEST(EngineRun, SmallBatchKeepsOrderAndLosesNothing) {
     EXPECT_NE(line.find('\t'), std::string::npos) << line;
   }
   EXPECT_NE(batched.output.find("24 requests (0 failed)"), std::string::npos) << batched.output;
+  // The limits the run took, and where they came from: the host backends keep modest defaults.
+  EXPECT_NE(batched.output.find("run: limits: --max-batch 3, --step-tokens 16\n"),
+            std::string::npos)
+      << batched.output;
+  EXPECT_NE(alone.output.find("run: limits: --max-batch 1, --step-tokens 256 (the host backends' "
+                              "default)\n"),
+            std::string::npos)
+      << alone.output;
 }
 
 TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
