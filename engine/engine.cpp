@@ -14,12 +14,19 @@
 
 namespace parity {
 
-double EngineStats::ttft_percentile(double q) const {
-  if (ttft_seconds.empty()) return 0;
-  std::vector<double> v = ttft_seconds;
+double nearest_rank_percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t rank = size_t(std::ceil(q * double(v.size())));
   return v[std::clamp(rank, size_t(1), v.size()) - 1];
+}
+
+double EngineStats::ttft_percentile(double q) const {
+  return nearest_rank_percentile(ttft_seconds, q);
+}
+
+double EngineStats::tpot_percentile(double q) const {
+  return nearest_rank_percentile(tpot_seconds, q);
 }
 
 void EngineStats::merge(const EngineStats& o) {
@@ -34,6 +41,7 @@ void EngineStats::merge(const EngineStats& o) {
   prefill_seconds += o.prefill_seconds;
   decode_seconds += o.decode_seconds;
   ttft_seconds.insert(ttft_seconds.end(), o.ttft_seconds.begin(), o.ttft_seconds.end());
+  tpot_seconds.insert(tpot_seconds.end(), o.tpot_seconds.begin(), o.tpot_seconds.end());
 }
 
 Engine::Engine(StepRunner& runner, const EngineOptions& options)
@@ -62,15 +70,26 @@ void Engine::init() {
   options_.limits.step_tokens = std::max(options_.limits.step_tokens, options_.limits.max_batch);
 }
 
-int Engine::reserve_blocks(size_t prompt_length) const {
+int Engine::reserve_blocks(size_t prompt_length, int max_tokens) const {
   if (runner_.kv_blocks() == 0) return 0;
   const device::KvLayout layout = device::KvLayout::of(runner_.config(), runner_.kv_block_size());
-  const int64_t positions =
-      std::min<int64_t>(int64_t(prompt_length) + options_.max_tokens, context_);
+  const int64_t positions = std::min<int64_t>(int64_t(prompt_length) + max_tokens, context_);
   return layout.blocks_per_sequence(int(positions), options_.limits.step_tokens);
 }
 
 std::string Engine::check_prompt(const std::vector<TokenId>& prompt) const {
+  EngineRequest r;
+  r.prompt = prompt;
+  return check_request(r);
+}
+
+std::string Engine::check_request(const EngineRequest& request) const {
+  const std::vector<TokenId>& prompt = request.prompt;
+  if (request.max_tokens < 0) return fmt::format("max_tokens {} is negative", request.max_tokens);
+  if (request.max_tokens > context_)
+    return fmt::format("max_tokens {} is more than the context of {} positions", request.max_tokens,
+                       context_);
+  const int max_tokens = request.max_tokens > 0 ? request.max_tokens : options_.max_tokens;
   if (prompt.empty()) return "empty prompt";
   if (prompt.size() > size_t(context_))
     return fmt::format("{} prompt tokens, longer than the context of {} positions", prompt.size(),
@@ -80,11 +99,12 @@ std::string Engine::check_prompt(const std::vector<TokenId>& prompt) const {
     if (prompt[i] < 0 || prompt[i] >= vocab)
       return fmt::format("token {} at index {} is outside the model's vocabulary of {}", prompt[i],
                          i, vocab);
-  if (const int need = reserve_blocks(prompt.size()); need > runner_.kv_blocks())
+  if (const int need = reserve_blocks(prompt.size(), max_tokens); need > runner_.kv_blocks())
     return fmt::format(
         "needs {} KV-cache blocks ({} prompt tokens + {} to generate), more than the {} the cache "
-        "holds (raise --kv-memory, or lower --max-tokens)",
-        need, prompt.size(), options_.max_tokens, runner_.kv_blocks());
+        "holds (raise --kv-memory, or lower {})",
+        need, prompt.size(), max_tokens, runner_.kv_blocks(),
+        request.max_tokens > 0 ? "the request's max_tokens" : "--max-tokens");
   return "";
 }
 
@@ -95,10 +115,13 @@ void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_
   };
   stats_ = EngineStats{};
   Scheduler scheduler(options_.limits);
-  // Per slot: the request's index in the source, its id, its result so far, its KV reservation.
+  // Per slot: the request's index in the source, its id, its limits, its result so far, its KV
+  // reservation.
   struct Running {
     size_t index = 0;
     uint64_t id = 0;
+    int max_tokens = 0;
+    bool ignore_eos = false;
     EngineResult result;
     int blocks = 0;
   };
@@ -120,7 +143,7 @@ void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_
           break;
         }
         ++stats_.requests;
-        std::string why = check_prompt(item->request.prompt);
+        std::string why = check_request(item->request);
         if (!why.empty()) {
           EngineResult r;
           r.finish = FinishReason::error;
@@ -133,7 +156,10 @@ void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_
         stats_.prompt_tokens += int64_t(item->request.prompt.size());
         waiting.index = item->index;
         waiting.id = item->request.id;
-        waiting.blocks = reserve_blocks(item->request.prompt.size());
+        waiting.max_tokens =
+            item->request.max_tokens > 0 ? item->request.max_tokens : options_.max_tokens;
+        waiting.ignore_eos = item->request.ignore_eos;
+        waiting.blocks = reserve_blocks(item->request.prompt.size(), waiting.max_tokens);
         waiting.result = EngineResult{};
         waiting.result.worker = worker;
         scheduler.enqueue(item->index, std::move(item->request.prompt));
@@ -161,27 +187,31 @@ void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_
     const std::vector<TokenId> tokens = runner_.step(plan.batch, samples, options_.sampling);
     PARITY_CHECK(tokens.size() == plan.samples.size(), "{} tokens for {} samples", tokens.size(),
                  plan.samples.size());
+    const double sampled_at = since_start();  // every token of the step is there now
     for (size_t i = 0; i < plan.samples.size(); ++i) {
       const int slot = plan.samples[i].slot;
       ScheduledSequence& seq = scheduler.sequence(slot);
       Running& r = slots[size_t(slot)];
       const TokenId token = tokens[i];
       if (r.result.generated.empty()) {
-        r.result.ttft_seconds = since_start();
+        r.result.ttft_seconds = sampled_at;
         stats_.ttft_seconds.push_back(r.result.ttft_seconds);
       }
       r.result.generated.push_back(token);
       ++stats_.generated_tokens;
       if (on_token) on_token(r.index, token);
-      const bool stop = std::find(options_.stop_tokens.begin(), options_.stop_tokens.end(),
-                                  token) != options_.stop_tokens.end();
-      const bool length = int(r.result.generated.size()) >= options_.max_tokens;
+      const bool stop =
+          !r.ignore_eos && std::find(options_.stop_tokens.begin(), options_.stop_tokens.end(),
+                                     token) != options_.stop_tokens.end();
+      const bool length = int(r.result.generated.size()) >= r.max_tokens;
       // The new token would run at position tokens.size() (before the append): past the end?
       const bool full = seq.tokens.size() >= size_t(context_);
       if (stop || length || full) {
         r.result.finish = stop     ? FinishReason::stop
                           : length ? FinishReason::length
                                    : FinishReason::context;
+        if (const size_t n = r.result.generated.size(); n >= 2)
+          stats_.tpot_seconds.push_back((sampled_at - r.result.ttft_seconds) / double(n - 1));
         scheduler.retire(slot);
         runner_.release(slot);
         reserved -= r.blocks;
@@ -205,8 +235,7 @@ void Engine::run(WorkSource& source, const TokenCallback& on_token, Clock::time_
 std::vector<EngineResult> Engine::run(const std::vector<EngineRequest>& requests,
                                       const TokenCallback& on_token) {
   for (const EngineRequest& r : requests)
-    if (const std::string why = check_prompt(r.prompt); !why.empty())
-      fail("request {}: {}", r.id, why);
+    if (const std::string why = check_request(r); !why.empty()) fail("request {}: {}", r.id, why);
   LocalQueue queue(requests);
   run(queue, on_token);
   return queue.take_results();

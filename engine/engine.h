@@ -33,7 +33,7 @@ namespace parity {
 
 struct EngineOptions {
   SchedulerLimits limits;
-  int max_tokens = 128;  // generated tokens per request at most (>= 1)
+  int max_tokens = 128;  // generated tokens per request at most (>= 1), unless the request says
   int context = 0;       // positions per sequence; 0: the runner's (the model's or the device's)
   SamplingParams sampling;
   std::vector<TokenId> stop_tokens;  // generation ends after one of these (kept in the output)
@@ -46,10 +46,18 @@ struct EngineStats {
   double wall_seconds = 0;
   // Step time shared between prefill and decode in proportion to their rows in the step.
   double prefill_seconds = 0, decode_seconds = 0;
-  std::vector<double> ttft_seconds;        // per request that produced a token
+  // Per request that produced a token: the time to its first token (from the start of the run).
+  std::vector<double> ttft_seconds;
+  // Per request that produced at least two: the time per output token after the first, (time of
+  // its last token - time of its first) / (tokens - 1), as vLLM's benchmark reports TPOT.
+  std::vector<double> tpot_seconds;
   double ttft_percentile(double q) const;  // nearest rank; 0 with none
-  void merge(const EngineStats& o);        // another engine's (several GPUs or ranks)
+  double tpot_percentile(double q) const;
+  void merge(const EngineStats& o);  // another engine's (several GPUs or ranks)
 };
+
+// The q-quantile of `values` by nearest rank (q in (0, 1]); 0 when there are none.
+double nearest_rank_percentile(std::vector<double> values, double q);
 
 using Clock = std::chrono::steady_clock;
 
@@ -61,8 +69,11 @@ class Engine {
   Engine(Backend& backend, const EngineOptions& options);
   ~Engine();
 
-  // Why `prompt` cannot run ("empty prompt", "N tokens, longer than the context of C
-  // positions", a token outside the vocabulary, more KV blocks than the cache holds), or "".
+  // Why `request` cannot run ("empty prompt", "N tokens, longer than the context of C
+  // positions", a token outside the vocabulary, max_tokens above the context, more KV blocks
+  // than the cache holds), or "".
+  std::string check_request(const EngineRequest& request) const;
+  // check_request of a request of `prompt` with the options' max_tokens.
   std::string check_prompt(const std::vector<TokenId>& prompt) const;
 
   // Called with (index of the request in its source, token) as each token is sampled.
@@ -74,8 +85,8 @@ class Engine {
   // results are marked with `worker`.
   void run(WorkSource& source, const TokenCallback& on_token = {},
            Clock::time_point start = Clock::now(), int worker = 0);
-  // Convenience: every request of the list, results in its order. Every prompt must pass
-  // check_prompt (a parity::Error otherwise).
+  // Convenience: every request of the list, results in its order. Every request must pass
+  // check_request (a parity::Error otherwise).
   std::vector<EngineResult> run(const std::vector<EngineRequest>& requests,
                                 const TokenCallback& on_token = {});
 
@@ -85,7 +96,8 @@ class Engine {
 
  private:
   void init();  // validates the options
-  int reserve_blocks(size_t prompt_length) const;  // KV blocks a request may ever hold
+  // KV blocks a request may ever hold.
+  int reserve_blocks(size_t prompt_length, int max_tokens) const;
 
   std::unique_ptr<StepRunner> owned_runner_;
   StepRunner& runner_;

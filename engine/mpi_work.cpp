@@ -96,6 +96,7 @@ std::string receive(const MPI_Status& status) {
 std::string encode_item(const WorkItem& item) {
   Writer w;
   w.put(uint64_t(item.index)).put(item.request.id).put_vector(item.request.prompt);
+  w.put(int32_t(item.request.max_tokens)).put(uint8_t(item.request.ignore_eos ? 1 : 0));
   return w.bytes();
 }
 
@@ -105,6 +106,10 @@ WorkItem decode_item(const std::string& bytes) {
   item.index = size_t(r.get<uint64_t>());
   item.request.id = r.get<uint64_t>();
   item.request.prompt = r.get_vector<TokenId>();
+  item.request.max_tokens = r.get<int32_t>();
+  const uint8_t ignore_eos = r.get<uint8_t>();
+  PARITY_CHECK(ignore_eos <= 1, "MPI message: ignore_eos {}", ignore_eos);
+  item.request.ignore_eos = ignore_eos == 1;
   return item;
 }
 
@@ -135,6 +140,7 @@ std::string encode_stats(const EngineStats& s) {
   w.put(uint64_t(s.requests)).put(uint64_t(s.failed)).put(s.prompt_tokens).put(s.generated_tokens);
   w.put(s.prefill_rows).put(s.decode_rows).put(s.steps).put(s.wall_seconds);
   w.put(s.prefill_seconds).put(s.decode_seconds).put_vector(s.ttft_seconds);
+  w.put_vector(s.tpot_seconds);
   return w.bytes();
 }
 
@@ -152,6 +158,7 @@ EngineStats decode_stats(const std::string& bytes) {
   s.prefill_seconds = r.get<double>();
   s.decode_seconds = r.get<double>();
   s.ttft_seconds = r.get_vector<double>();
+  s.tpot_seconds = r.get_vector<double>();
   return s;
 }
 

@@ -50,13 +50,21 @@ double decode_rate(const EngineStats& s) {
 double prefill_rate(const EngineStats& s) {
   return s.prefill_seconds > 0 ? double(s.prefill_rows) / s.prefill_seconds : 0;
 }
+double per_wall_second(const EngineStats& s, int64_t tokens) {
+  return s.wall_seconds > 0 ? double(tokens) / s.wall_seconds : 0;
+}
+// vLLM's benchmark figures first (total and output tokens/s over the wall time, TTFT and TPOT),
+// then the engine's own split of the step time between decode and prefill rows.
 std::string stats_line(const EngineStats& s, double decode_tps, double prefill_tps) {
   return fmt::format(
-      "{} requests ({} failed), {} prompt tokens, {} generated, wall {:.3f} s, TTFT p50 {:.1f} ms "
-      "p99 {:.1f} ms, decode {:.1f} tokens/s, prefill {:.1f} tokens/s, output {:.1f} tokens/s",
+      "{} requests ({} failed), {} prompt tokens, {} generated, wall {:.3f} s, total {:.1f} "
+      "tokens/s, output {:.1f} tokens/s, TTFT p50 {:.1f} ms p99 {:.1f} ms, TPOT p50 {:.2f} ms p99 "
+      "{:.2f} ms, decode {:.1f} tokens/s, prefill {:.1f} tokens/s",
       s.requests, s.failed, s.prompt_tokens, s.generated_tokens, s.wall_seconds,
-      s.ttft_percentile(0.5) * 1e3, s.ttft_percentile(0.99) * 1e3, decode_tps, prefill_tps,
-      s.wall_seconds > 0 ? double(s.generated_tokens) / s.wall_seconds : 0);
+      per_wall_second(s, s.prompt_tokens + s.generated_tokens),
+      per_wall_second(s, s.generated_tokens), s.ttft_percentile(0.5) * 1e3,
+      s.ttft_percentile(0.99) * 1e3, s.tpot_percentile(0.5) * 1e3, s.tpot_percentile(0.99) * 1e3,
+      decode_tps, prefill_tps);
 }
 }  // namespace
 

@@ -1,7 +1,10 @@
 // What a person running `run` sees while it works: on a terminal, one line redrawn in place
 // (requests done of all, generated tokens per second, time left); otherwise a plain line at each
-// tenth of the requests. Then the summary: requests, prompt and generated tokens, wall time, time
-// to first token p50/p99, decode and prefill tokens per second, and one line per GPU or rank.
+// tenth of the requests. Then the summary, the figures of vLLM's `bench serve`: requests, prompt
+// and generated tokens, wall time, total ((prompt + generated) / wall) and output tokens per
+// second, time to first token and time per output token p50/p99; then the engine's decode and
+// prefill tokens per second (each step's time shared between its rows); and one such line per GPU
+// or rank.
 #pragma once
 #include <chrono>
 #include <cstddef>

@@ -18,6 +18,8 @@ namespace parity {
 struct EngineRequest {
   uint64_t id = 0;  // keys the request's generator (engine/sampler.h)
   std::vector<TokenId> prompt;
+  int max_tokens = 0;       // generated tokens at most; 0: the engine's (EngineOptions)
+  bool ignore_eos = false;  // generate past the stop tokens, up to max_tokens
 };
 
 enum class FinishReason { stop, length, context, error };

@@ -7,8 +7,8 @@
 #
 # Usage: scripts/device_check.sh [STEP...]
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
-#         hf-generate engine-gpus hf-capture long-pos precision-bench (default: all but the last
-#         five)
+#         hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench (default: all
+#         but the last six)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # PRECISION (fp32 or bf16: the device's --precision for tiny, hf, 20b, 20b-real, bench,
@@ -416,11 +416,32 @@ step_precision-bench() {
   grep -E "^== |^run: [0-9]|median|floor|differ" "$LOG_DIR/precision-bench.log" | grep -v "^== .*make_requests"
 }
 
+# `run` as `vllm bench serve` measures it, on the synthetic 20b with the limits it sizes from the
+# GPU's memory: the ShareGPT-shaped, prefill-heavy and decode-heavy mixes of
+# scripts/bench_requests.py (SERVING_COUNT requests each; default 1000, 256 and 256).
+step_serving-bench() {
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged serving-bench "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  [ -f "$MODELS_DIR/20b/tokenizer.json" ] || logged serving-bench "$bin/parity-synth" --preset 20b \
+    "${synth_tokenizer[@]}" --tokenizer-only --out "$MODELS_DIR/20b"
+  local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip "${prec[@]}" -m getp --no-progress)
+  mkdir -p "$req"
+  logged serving-bench python3 scripts/bench_requests.py --mix sharegpt --count "${SERVING_COUNT:-1000}" \
+    --out "$req/sharegpt.jsonl"
+  logged serving-bench python3 scripts/bench_requests.py --mix prefill-heavy --count "${SERVING_COUNT:-256}" \
+    --out "$req/prefill-heavy.jsonl"
+  logged serving-bench python3 scripts/bench_requests.py --mix decode-heavy --count "${SERVING_COUNT:-256}" \
+    --out "$req/decode-heavy.jsonl"
+  logged serving-bench "${run[@]}" -i "$req/sharegpt.jsonl" -o "$req/out-sharegpt.txt"
+  logged serving-bench "${run[@]}" -i "$req/prefill-heavy.jsonl" -o "$req/out-prefill-heavy.txt" --context 4224
+  logged serving-bench "${run[@]}" -i "$req/decode-heavy.jsonl" -o "$req/out-decode-heavy.txt"
+  grep -E "^bench_requests|^run: limits|^run: [0-9]" "$LOG_DIR/serving-bench.log"
+}
+
 for s in "${steps[@]}"; do
   case "$s" in
     build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
-      hf-generate | engine-gpus | hf-capture | long-pos | precision-bench) "step_$s" ;;
+      hf-generate | engine-gpus | hf-capture | long-pos | precision-bench | serving-bench) "step_$s" ;;
     *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
-         "engine-bench hf-generate engine-gpus hf-capture long-pos precision-bench)"; exit 2 ;;
+         "engine-bench hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench)"; exit 2 ;;
   esac
 done

@@ -47,6 +47,43 @@ cmp "$dir/one.txt" "$dir/two.txt" || { diff "$dir/one.txt" "$dir/two.txt" | head
 grep -q 'rank 1: [1-9]' "$dir/two.err" || { echo "rank 1 ran no request"; cat "$dir/two.err"; exit 1; }
 echo "PASS: 2 ranks wrote the output of 1 ($(wc -l <"$dir/one.txt") lines)"
 
+# JSON Lines: each request's max_tokens and ignore_eos travel to the rank that runs it. The tiny
+# model's first greedy token for "Hello" is made its stop token (a copy with that
+# generation_config.json): the request that ignores it generates all its max_tokens, the other
+# stops there.
+echo Hello >"$dir/hello.txt"
+"$run" tiny --models-dir "$dir/models" -m getp --backend cpu-f32 -t 0 -n 1 -i "$dir/hello.txt" \
+  --no-progress -o "$dir/first.txt" 2>/dev/null
+cp -r "$dir/models/tiny" "$dir/stop-model"
+echo "{\"eos_token_id\": $(cat "$dir/first.txt")}" >"$dir/stop-model/generation_config.json"
+for i in $(seq 1 16); do
+  echo "{\"prompt\": \"Hello\", \"max_tokens\": $((i % 7 + 2)), \"ignore_eos\": $([ $((i % 2)) -eq 0 ] && echo true || echo false)}"
+done >"$dir/requests.jsonl"
+jsonl=("$dir/stop-model" -m getp --backend cpu-f32 -t 0 -i "$dir/requests.jsonl" -n 50 --max-batch 2
+       --no-progress)
+set +e
+"$run" "${jsonl[@]}" -o "$dir/one-jsonl.txt" 2>"$dir/one-jsonl.err"
+one=$?
+"${mpi[@]}" "${jsonl[@]}" -o "$dir/two-jsonl.txt" >"$dir/two-jsonl.out" 2>"$dir/two-jsonl.err"
+two=$?
+set -e
+[ "$one" -eq 0 ] && [ "$two" -eq 0 ] ||
+  { echo "JSON Lines: expected exit 0 and 0, got $one and $two"; cat "$dir/two-jsonl.err"; exit 1; }
+cmp "$dir/one-jsonl.txt" "$dir/two-jsonl.txt" || { diff "$dir/one-jsonl.txt" "$dir/two-jsonl.txt" | head; exit 1; }
+i=0
+while read -r line; do
+  i=$((i + 1))
+  n=$(echo "$line" | wc -w)
+  expected=1
+  [ $((i % 2)) -eq 0 ] && expected=$((i % 7 + 2))
+  [ "$n" -eq "$expected" ] || { echo "JSON Lines, line $i: $n tokens, expected $expected"; exit 1; }
+done <"$dir/two-jsonl.txt"
+grep -q 'rank 1: [1-9]' "$dir/two-jsonl.err" || { echo "rank 1 ran no request"; cat "$dir/two-jsonl.err"; exit 1; }
+# Both ranks' times per output token reach the summary: 8 requests of 2 tokens or more.
+grep -q '^run: 16 requests (0 failed), .*TPOT p50 [0-9.]* ms' "$dir/two-jsonl.err" ||
+  { echo "no TPOT in the summary"; cat "$dir/two-jsonl.err"; exit 1; }
+echo "PASS: JSON Lines' max_tokens and ignore_eos on 2 ranks as on 1"
+
 # Every request refused by the engine (longer than --context): results with no tokens and ranks
 # with no time to first token cross between the ranks as empty vectors (a null memcpy before).
 for i in $(seq 1 12); do echo "request $i, with more words than the context holds"; done >"$dir/long.txt"

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <fstream>
+
 #include "engine/requests.h"
 #include "tokenizer/tiny_tokenizer.h"
 #include "model/error.h"
@@ -31,6 +33,113 @@ TEST(EngineRequests, BadLinesAreErrorsOfTheirOwn) {
   EXPECT_NE(lines[4].error.find("lone backslash"), std::string::npos) << lines[4].error;
   EXPECT_EQ(lines[5].error, "");
   EXPECT_EQ(lines[5].prompt, "fine");
+}
+
+TEST(EngineRequests, JsonLinesCarryTheirOwnLengths) {
+  const auto lines = parse_jsonl_requests(
+      "{\"prompt\": \"hello\\nworld\", \"max_tokens\": 200}\r\n"
+      "{\"prompt_token_ids\": [1, 2, 16777215], \"ignore_eos\": true}\n"
+      "  {\"max_tokens\": 1, \"prompt\": \"a\\\\n\", \"ignore_eos\": false}  \n"
+      "{\"prompt_token_ids\": [0]}");
+  ASSERT_EQ(lines.size(), 4u);
+  for (const auto& l : lines) EXPECT_EQ(l.error, "") << "line " << l.line;
+  EXPECT_EQ(lines[0].prompt, "hello\nworld");  // JSON's escapes, not the text file's
+  EXPECT_TRUE(lines[0].prompt_ids.empty());
+  EXPECT_EQ(lines[0].max_tokens, 200);
+  EXPECT_FALSE(lines[0].ignore_eos);
+  EXPECT_EQ(lines[1].prompt, "");
+  EXPECT_EQ(lines[1].prompt_ids, (std::vector<TokenId>{1, 2, 16777215}));
+  EXPECT_EQ(lines[1].max_tokens, 0);  // the run's -n
+  EXPECT_TRUE(lines[1].ignore_eos);
+  EXPECT_EQ(lines[2].line, 3);
+  EXPECT_EQ(lines[2].prompt, "a\\n");
+  EXPECT_EQ(lines[2].max_tokens, 1);
+  EXPECT_EQ(lines[3].prompt_ids, std::vector<TokenId>{0});
+}
+
+TEST(EngineRequests, BadJsonLinesFailAloneWithOneClearLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "empty line (a JSON object is expected)"},
+      {"  \t", "empty line (a JSON object is expected)"},
+      {"[1, 2]", "not a JSON object: \"[1,2]\""},
+      {"\"text\"", "not a JSON object: \"text\""},
+      {"{}", "no prompt: \"prompt\" (text) or \"prompt_token_ids\" (token ids) is required"},
+      {"{\"max_tokens\": 3}", "no prompt: "},
+      {"{\"prompt\": \"a\", \"prompt_token_ids\": [1]}",
+       "both \"prompt\" and \"prompt_token_ids\": give one of them"},
+      {"{\"prompt\": 5}", "\"prompt\" must be a string, not \"5\""},
+      {"{\"prompt\": [\"a\"]}", "\"prompt\" must be a string, not \"[\\\"a\\\"]\""},
+      {"{\"prompt\": \"\"}", "empty prompt"},
+      {"{\"prompt_token_ids\": []}", "empty prompt (\"prompt_token_ids\" holds no id)"},
+      {"{\"prompt_token_ids\": \"1 2\"}",
+       "\"prompt_token_ids\" must be an array of token ids, not \"1 2\""},
+      {"{\"prompt_token_ids\": [1, -1]}",
+       "\"prompt_token_ids\"[1]: \"-1\" is not a token id (0 to 16777215)"},
+      {"{\"prompt_token_ids\": [1.0]}", "\"prompt_token_ids\"[0]: \"1.0\" is not a token id"},
+      {"{\"prompt_token_ids\": [16777216]}", "[0]: \"16777216\" is not a token id"},
+      {"{\"prompt_token_ids\": [18446744073709551615]}", "is not a token id"},
+      {"{\"prompt_token_ids\": [[1]]}", "[0]: \"[1]\" is not a token id"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 0}",
+       "\"max_tokens\" must be a whole number from 1 to 2147483647, not \"0\""},
+      {"{\"prompt\": \"a\", \"max_tokens\": -5}", "must be a whole number from 1"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 2147483648}", "not \"2147483648\""},
+      {"{\"prompt\": \"a\", \"max_tokens\": 2.5}", "not \"2.5\""},
+      {"{\"prompt\": \"a\", \"max_tokens\": \"9\"}", "not \"9\""},
+      {"{\"prompt\": \"a\", \"ignore_eos\": 1}", "\"ignore_eos\" must be true or false, not \"1\""},
+      {"{\"prompt\": \"a\", \"max_token\": 5}",
+       "unknown key \"max_token\" (the keys are prompt, prompt_token_ids, max_tokens, "
+       "ignore_eos)"},
+      {"{\"prompt\": \"a\"} x", "not valid JSON (byte "},
+      {"{\"prompt\": \"a\"}{}", "not valid JSON (byte "},
+      {"{\"prompt\": \"a\"", "not valid JSON (byte "},
+      {std::string("{\"prompt\": \"a\"}\0", 16), "a NUL byte at the end"},
+      {std::string("{\"prompt\": \"a\0b\"}", 17), "a NUL byte, with more bytes after it"},
+      {"{\"prompt\": \"a\", \"x\": " + std::string(100, '[') + std::string(100, ']') + "}",
+       "JSON nested deeper than 64 levels"},
+      {"{\"prompt\": \"caf\xc3\"}", "invalid UTF-8 at byte 16 of the line"},
+      {"{\"prompt\": \"" + std::string(5000, 'x') + "\", \"max_tokens\": {}}", "not \"{}\""},
+  };
+  std::string text = "{\"prompt\": \"first\"}\n";
+  for (const auto& c : cases) text += c.first + "\n";
+  text += "{\"prompt\": \"last\"}";
+  const auto lines = parse_jsonl_requests(text);
+  ASSERT_EQ(lines.size(), cases.size() + 2);
+  EXPECT_EQ(lines.front().error, "");
+  EXPECT_EQ(lines.front().prompt, "first");
+  EXPECT_EQ(lines.back().error, "");
+  EXPECT_EQ(lines.back().prompt, "last");
+  EXPECT_EQ(lines.back().line, int(cases.size()) + 2);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const RequestLine& l = lines[i + 1];
+    const std::string& expected = cases[i].second;
+    EXPECT_EQ(l.line, int(i) + 2);
+    EXPECT_NE(l.error.find(expected), std::string::npos) << "line " << l.line << ": " << l.error;
+    // One line of bounded length, and nothing of the request kept.
+    EXPECT_EQ(l.error.find('\n'), std::string::npos) << l.error;
+    EXPECT_LT(l.error.size(), 300u) << l.error;
+    EXPECT_TRUE(l.prompt.empty() && l.prompt_ids.empty()) << "line " << l.line;
+    EXPECT_EQ(l.max_tokens, 0) << "line " << l.line;
+  }
+}
+
+TEST(EngineRequests, OnlyJsonlNamesAreJsonLines) {
+  EXPECT_TRUE(is_jsonl_request_file("bench.jsonl"));
+  EXPECT_TRUE(is_jsonl_request_file("/tmp/x.y/r.jsonl"));
+  EXPECT_FALSE(is_jsonl_request_file("requests.txt"));
+  EXPECT_FALSE(is_jsonl_request_file("requests.json"));
+  EXPECT_FALSE(is_jsonl_request_file("jsonl"));
+  EXPECT_FALSE(is_jsonl_request_file("r.jsonl.txt"));
+  // A .txt file holding JSON is prompts of text; a .jsonl file is JSON.
+  const std::string dir = test::temp_dir("requests-jsonl");
+  const std::string line = "{\"prompt\": \"hi\", \"max_tokens\": 4}\n";
+  for (const std::string name : {"/r.txt", "/r.jsonl"}) {
+    std::ofstream(dir + name) << line;
+    const auto lines = read_request_file(dir + name);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0].error, "");
+    EXPECT_EQ(lines[0].prompt, name == "/r.txt" ? line.substr(0, line.size() - 1) : "hi");
+    EXPECT_EQ(lines[0].max_tokens, name == "/r.txt" ? 0 : 4);
+  }
 }
 
 TEST(EngineRequests, UnreadableFileIsAnError) {

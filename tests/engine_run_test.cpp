@@ -5,9 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "engine/engine.h"
+#include "engine/progress.h"
 #include "tokenizer/tiny_tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
@@ -99,6 +103,43 @@ TEST(EngineRun, GetpGreedyEqualsTheReferenceDecode) {
   }
 }
 
+TEST(EngineRun, TheSummaryHasVllmBenchServesFigures) {
+  EngineStats a;
+  a.requests = 3;
+  a.failed = 1;
+  a.prompt_tokens = 300;
+  a.generated_tokens = 100;
+  a.wall_seconds = 2;
+  a.decode_rows = 90;
+  a.decode_seconds = 1.5;
+  a.prefill_rows = 300;
+  a.prefill_seconds = 0.25;
+  a.ttft_seconds = {0.2, 0.1};
+  a.tpot_seconds = {0.010, 0.030};
+  EngineStats b = a;
+  b.wall_seconds = 4;
+  b.ttft_seconds = {0.4};
+  b.tpot_seconds = {0.020};
+  EngineStats total = a;
+  total.merge(b);
+  EXPECT_EQ(summary_text(a, {a}, {"engine 0"}),
+            "run: 3 requests (1 failed), 300 prompt tokens, 100 generated, wall 2.000 s, total "
+            "200.0 tokens/s, output 50.0 tokens/s, TTFT p50 100.0 ms p99 200.0 ms, TPOT p50 "
+            "10.00 ms p99 30.00 ms, decode 60.0 tokens/s, prefill 1200.0 tokens/s\n");
+  // Two workers: the run's wall time is the longer one, its percentiles over every request; its
+  // decode and prefill rates the sum of the workers'.
+  EXPECT_EQ(summary_text(total, {a, b}, {"rank 0", "rank 1"}),
+            "run: 6 requests (2 failed), 600 prompt tokens, 200 generated, wall 4.000 s, total "
+            "200.0 tokens/s, output 50.0 tokens/s, TTFT p50 200.0 ms p99 400.0 ms, TPOT p50 "
+            "20.00 ms p99 30.00 ms, decode 120.0 tokens/s, prefill 2400.0 tokens/s\n"
+            "run:   rank 0: 3 requests (1 failed), 300 prompt tokens, 100 generated, wall 2.000 s, "
+            "total 200.0 tokens/s, output 50.0 tokens/s, TTFT p50 100.0 ms p99 200.0 ms, TPOT p50 "
+            "10.00 ms p99 30.00 ms, decode 60.0 tokens/s, prefill 1200.0 tokens/s\n"
+            "run:   rank 1: 3 requests (1 failed), 300 prompt tokens, 100 generated, wall 4.000 s, "
+            "total 100.0 tokens/s, output 25.0 tokens/s, TTFT p50 400.0 ms p99 400.0 ms, TPOT p50 "
+            "20.00 ms p99 20.00 ms, decode 60.0 tokens/s, prefill 1200.0 tokens/s\n");
+}
+
 TEST(EngineRun, SmallBatchKeepsOrderAndLosesNothing) {
   const std::string dir = test::temp_dir("engine-run");
   const std::string model = test::tiny_model_dir();
@@ -127,6 +168,14 @@ TEST(EngineRun, SmallBatchKeepsOrderAndLosesNothing) {
     EXPECT_NE(line.find('\t'), std::string::npos) << line;
   }
   EXPECT_NE(batched.output.find("24 requests (0 failed)"), std::string::npos) << batched.output;
+  // The limits the run took, and where they came from: the host backends keep modest defaults.
+  EXPECT_NE(batched.output.find("run: limits: --max-batch 3, --step-tokens 16\n"),
+            std::string::npos)
+      << batched.output;
+  EXPECT_NE(alone.output.find("run: limits: --max-batch 1, --step-tokens 256 (the host backends' "
+                              "default)\n"),
+            std::string::npos)
+      << alone.output;
 }
 
 TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
@@ -147,6 +196,199 @@ TEST(EngineRun, BadLinesAreReportedWithTheirNumbers) {
   EXPECT_EQ(out[4].rfind("ERROR line 5: ", 0), 0u) << out[4];
   EXPECT_NE(out[4].find("longer than the context"), std::string::npos) << out[4];
   EXPECT_EQ(out[5].find("ERROR"), std::string::npos);
+}
+
+TEST(EngineRun, JsonLinesSetEachRequestsLengthAndFailAlone) {
+  const std::string dir = test::temp_dir("engine-run-jsonl");
+  const Tokenizer tok = Tokenizer::parse(tiny_tokenizer_json(1024), "tiny");
+  const std::string ids = ids_text(tok.encode("The quick brown fox", false));
+  std::string id_list;
+  for (const char c : ids) id_list += c == ' ' ? std::string(", ") : std::string(1, c);
+  const std::vector<std::string> lines = {
+      R"({"prompt": "The quick brown fox", "max_tokens": 3})",
+      R"({"prompt_token_ids": [)" + id_list + R"(], "max_tokens": 5, "ignore_eos": true})",
+      R"({"prompt": "default length"})",
+      R"({"prompt": "typo", "max_token": 5})",
+      R"({"prompt_token_ids": [1, 5000]})",
+      R"({"prompt": "too many", "max_tokens": 65})",
+      R"({"prompt_token_ids": [)" + id_list + R"(], "max_tokens": 64})",
+  };
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  write(dir + "/r.jsonl", text);
+  const auto r = test::run_tool("run", test::tiny_model_dir() +
+                                           " -m getp --backend cpu-f32 -t 0 -n 4 --context 64 -i " +
+                                           dir + "/r.jsonl -o " + dir + "/out.txt");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const auto out = lines_of(read(dir + "/out.txt"));
+  ASSERT_EQ(out.size(), 7u) << read(dir + "/out.txt");
+  const auto count = [](const std::string& line) {
+    std::stringstream s(line);
+    int n = 0;
+    for (std::string id; s >> id;) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(out[0]), 3) << out[0];
+  EXPECT_EQ(count(out[1]), 5) << out[1];
+  // The ids of the first line's text: the same greedy tokens, as many as it asked for.
+  EXPECT_EQ(out[1].rfind(out[0], 0), 0u) << out[0] << " / " << out[1];
+  EXPECT_EQ(count(out[2]), 4) << out[2];  // -n
+  EXPECT_EQ(out[3].rfind("ERROR line 4: unknown key \"max_token\"", 0), 0u) << out[3];
+  EXPECT_EQ(out[4],
+            "ERROR line 5: token 5000 at index 1 is outside the model's vocabulary of 1024");
+  EXPECT_EQ(out[5], "ERROR line 6: max_tokens 65 is more than the context of 64 positions");
+  // The context caps a request's max_tokens as it caps -n: it ends with the context full.
+  EXPECT_EQ(count(out[6]), 64 - count(ids) + 1) << out[6];
+  EXPECT_NE(r.output.find("run: line 6: max_tokens 65 is more than the context"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("run: 7 requests (3 failed)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", TPOT p50 "), std::string::npos) << r.output;
+}
+
+TEST(EngineRun, AJsonLinesFileThatCannotBeReadIsExitTwo) {
+  const std::string dir = test::temp_dir("engine-run-jsonl-file");
+  ASSERT_EQ(::mkfifo((dir + "/fifo.jsonl").c_str(), 0600), 0);
+  std::filesystem::create_directory(dir + "/dir.jsonl");
+  for (const std::string name : {"/fifo.jsonl", "/dir.jsonl", "/missing.jsonl"}) {
+    const auto r = test::run_tool("run", test::tiny_model_dir() + " -m getp --backend cpu-f32 -i " +
+                                             dir + name + " -o " + dir + "/out.txt");
+    EXPECT_EQ(r.exit_code, 2) << name << ": " << r.output;
+    EXPECT_NE(r.output.find("run: error: " + dir + name + ": "), std::string::npos)
+        << name << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_FALSE(std::ifstream(dir + "/out.txt").good()) << name;
+  }
+}
+
+// scripts/bench_requests.py through the system's python3.
+test::ToolResult bench_requests(const std::string& args) {
+  return test::run_command("python3 " + std::string(PARITY_SOURCE_DIR) +
+                           "/scripts/bench_requests.py " + args);
+}
+
+struct BenchFile {
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<int64_t> max_tokens;
+  int64_t prompt_tokens = 0, output_tokens = 0;
+};
+
+// A generated request file, each line checked to be what the generator promises.
+BenchFile read_bench_file(const std::string& path) {
+  BenchFile b;
+  for (const std::string& line : lines_of(read(path))) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.size(), 3u) << line.substr(0, 200);
+    EXPECT_EQ(j.at("ignore_eos"), true);
+    b.prompts.push_back(j.at("prompt_token_ids").get<std::vector<int64_t>>());
+    b.max_tokens.push_back(j.at("max_tokens").get<int64_t>());
+    b.prompt_tokens += int64_t(b.prompts.back().size());
+    b.output_tokens += b.max_tokens.back();
+  }
+  return b;
+}
+
+TEST(EngineRun, BenchRequestsShareGptMixHasVllmsTotals) {
+  if (test::run_command("python3 -c pass").exit_code != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = test::temp_dir("bench-requests");
+  const auto r = bench_requests("--mix sharegpt --seed 11 --out " + dir + "/sg.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const BenchFile b = read_bench_file(dir + "/sg.jsonl");
+  ASSERT_EQ(b.prompts.size(), 1000u);
+  // vLLM's benchmark_serving on ShareGPT, 1,000 requests: 217,396 prompt and 197,742 generated
+  // tokens.
+  EXPECT_NEAR(double(b.prompt_tokens), 217396.0, 0.03 * 217396.0);
+  EXPECT_NEAR(double(b.output_tokens), 197742.0, 0.03 * 197742.0);
+  EXPECT_NE(r.output.find(fmt::format("sharegpt: 1000 requests, {} prompt tokens, {} output tokens",
+                                      b.prompt_tokens, b.output_tokens)),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(
+                fmt::format("output share {:.3f}",
+                            double(b.output_tokens) / double(b.prompt_tokens + b.output_tokens))),
+            std::string::npos)
+      << r.output;
+  // vLLM's filter, and o200k's special tokens left out of the default vocabulary of 201,088.
+  size_t long_prompts = 0, long_outputs = 0;
+  for (size_t i = 0; i < b.prompts.size(); ++i) {
+    const int64_t in = int64_t(b.prompts[i].size()), out = b.max_tokens[i];
+    EXPECT_GE(in, 4);
+    EXPECT_LE(in, 1024);
+    EXPECT_GE(out, 4);
+    EXPECT_LE(in + out, 2048);
+    long_prompts += in > 512 ? 1 : 0;
+    long_outputs += out > 512 ? 1 : 0;
+    for (const int64_t id : b.prompts[i]) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, 199998);
+    }
+  }
+  // Lengths spread, not a constant: a long tail on both sides.
+  EXPECT_GT(long_prompts, 10u);
+  EXPECT_GT(long_outputs, 10u);
+  // Seeded: the same seed writes the same file, another seed another.
+  ASSERT_EQ(bench_requests("--mix sharegpt --seed 11 --out " + dir + "/again.jsonl").exit_code, 0);
+  EXPECT_EQ(read(dir + "/again.jsonl"), read(dir + "/sg.jsonl"));
+  ASSERT_EQ(bench_requests("--mix sharegpt --seed 12 --out " + dir + "/other.jsonl").exit_code, 0);
+  EXPECT_NE(read(dir + "/other.jsonl"), read(dir + "/sg.jsonl"));
+}
+
+TEST(EngineRun, BenchRequestsFixedMixesAndRunReadsTheirFiles) {
+  if (test::run_command("python3 -c pass").exit_code != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = test::temp_dir("bench-requests-run");
+  for (const auto& [mix, in, out] :
+       {std::tuple{"prefill-heavy", 4000, 200}, std::tuple{"decode-heavy", 128, 1024}}) {
+    const auto r =
+        bench_requests(std::string("--mix ") + mix + " --count 3 --out " + dir + "/f.jsonl");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const BenchFile b = read_bench_file(dir + "/f.jsonl");
+    ASSERT_EQ(b.prompts.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(b.prompts[i].size(), size_t(in)) << mix;
+      EXPECT_EQ(b.max_tokens[i], out) << mix;
+    }
+  }
+  // A special range inside the vocabulary: ids on both sides of it, none in it.
+  ASSERT_EQ(bench_requests("--mix decode-heavy --count 40 --vocab 100 --special 10-19 --out " +
+                           dir + "/mid.jsonl")
+                .exit_code,
+            0);
+  std::set<int64_t> seen;
+  for (const auto& p : read_bench_file(dir + "/mid.jsonl").prompts) seen.insert(p.begin(), p.end());
+  EXPECT_EQ(*seen.begin(), 0);
+  EXPECT_EQ(*seen.rbegin(), 99);
+  for (int64_t id = 10; id <= 19; ++id) EXPECT_EQ(seen.count(id), 0u) << id;
+  EXPECT_EQ(seen.size(), 90u);
+  // Options it refuses: exit 2 with the reason.
+  for (const std::string bad : {"--mix sharegpt --count 0", "--mix sharegpt --special 5",
+                                "--mix sharegpt --vocab 10 --special 0-9", "--mix other"}) {
+    const auto r = bench_requests(bad + " --out " + dir + "/bad.jsonl");
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.output;
+  }
+
+  // `run` reads what it writes: the tiny model (its vocabulary of 1,024, specials from 1,003), each
+  // request generating its own max_tokens in full.
+  ASSERT_EQ(
+      bench_requests("--mix sharegpt --count 6 --seed 3 --vocab 1024 --special 1003-1023 --out " +
+                     dir + "/tiny.jsonl")
+          .exit_code,
+      0);
+  const BenchFile b = read_bench_file(dir + "/tiny.jsonl");
+  const auto r =
+      test::run_tool("run", test::tiny_model_dir() + " -m getp --backend cpu-f32 -n 2 -i " + dir +
+                                "/tiny.jsonl -o " + dir + "/out.txt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto out = lines_of(read(dir + "/out.txt"));
+  ASSERT_EQ(out.size(), 6u);
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::stringstream ids(out[i]);
+    int64_t n = 0;
+    for (std::string id; ids >> id;) ++n;
+    EXPECT_EQ(n, b.max_tokens[i]) << "line " << i + 1;
+  }
+  EXPECT_NE(r.output.find(fmt::format("run: 6 requests (0 failed), {} prompt tokens, {} generated",
+                                      b.prompt_tokens, b.output_tokens)),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(EngineRun, ContextFlagLimitsPromptAndGeneration) {

@@ -108,7 +108,11 @@ std::string candidate_test_name(const std::string& name) {
 }
 
 ToolResult run_tool(const std::string& tool, const std::string& args) {
-  const std::string cmd = std::string(PARITY_BIN_DIR) + "/" + tool + " " + args + " 2>&1";
+  return run_command(std::string(PARITY_BIN_DIR) + "/" + tool + " " + args);
+}
+
+ToolResult run_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   ToolResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

@@ -48,5 +48,7 @@ struct ToolResult {
 };
 // Runs build/bin/<tool> with the given argument string through the shell.
 ToolResult run_tool(const std::string& tool, const std::string& args);
+// Runs a shell command line, its standard error with its output.
+ToolResult run_command(const std::string& command);
 
 }  // namespace parity::test

@@ -36,6 +36,8 @@
 #include "tools/common.h"
 #ifdef PARITY_HAVE_DEVICE_ENGINE
 #include "device/runtime/device.h"
+#include "device/runtime/serving_limits.h"
+#include "device/runtime/weight_plan.h"
 #include "engine/device_runner.h"
 #endif
 #ifdef PARITY_HAVE_MPI
@@ -94,12 +96,18 @@ std::string text_of(const Tokenizer& t, const std::vector<TokenId>& ids) {
   return utf8_lossy(bytes);
 }
 
+// The host backends' limits when none is given; the device backend sizes its own from the GPU's
+// memory (device/runtime/serving_limits.h).
+constexpr int kHostMaxBatch = 16;
+constexpr int kHostStepTokens = 256;
+
 struct RunFlags {
   std::string model, models_dir, mode = "generate", input, output, backend;
   std::string gpus, kv_memory;
   bool text = false, harmony = false, allow_special = false, kernel_times = false;
   bool no_progress = false, no_graphs = false;
-  int max_tokens = 128, max_batch = 16, step_tokens = 256, context = 0;
+  int max_tokens = 128, max_batch = kHostMaxBatch, step_tokens = kHostStepTokens, context = 0;
+  bool max_batch_given = false, step_tokens_given = false;
   SamplingParams sampling;
   std::optional<std::string> precision_name;        // --precision as given
   device::Precision precision = kDefaultPrecision;  // the device backend's, from it
@@ -126,6 +134,7 @@ struct Workers {
   std::vector<std::unique_ptr<StepRunner>> runners;
   std::vector<std::unique_ptr<Engine>> engines;
   std::vector<std::string> names;
+  std::string limits;  // the engines' --max-batch and --step-tokens, and where they come from
 };
 
 // Where this process's engines run: `count` workers, the first on device `first_device`.
@@ -178,6 +187,29 @@ size_t kv_memory_bytes(const RunFlags& f) {
                                                       : parse_byte_size(f.kv_memory, "--kv-memory");
 }
 
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+// The device engines' limits: those given, the others sized from the memory of the GPU of
+// `where` with the least free (device/runtime/serving_limits.h), before any runtime loads.
+device::ServingLimits device_limits(const RunFlags& f, const Model& m, const Placement& where,
+                                    size_t kv_bytes) {
+  device::ServingMemory s;
+  s.free_bytes = SIZE_MAX;
+  for (int i = 0; i < where.count; ++i)
+    s.free_bytes =
+        std::min(s.free_bytes, device::Device::open(where.first_device + i).free_bytes());
+  s.weights_bytes = device::plan_weights(m).total;
+  device::DeviceOptions o;
+  o.max_context = f.context;
+  s.max_context = o.resolve_max_context(m.config);
+  s.kv_block_size = o.kv_block_size;
+  s.kv_free_fraction = o.kv_free_fraction;
+  s.kv_bytes = kv_bytes;
+  s.step_tokens = f.step_tokens_given ? f.step_tokens : 0;
+  s.max_batch = f.max_batch_given ? f.max_batch : 0;
+  return device::size_serving_limits(m.config, s);
+}
+#endif
+
 Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1) {
   Workers w;
   // Before anything is sized by them (the device's step arena, the engines' slots).
@@ -187,10 +219,25 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
   const bool preset_tiny = f.model == "tiny" && !fs::is_directory(f.model);
   w.tokenizer.emplace(model_tokenizer(dir, preset_tiny && mpi_local_rank <= 0));
   w.model = Model::load(dir);
-  const size_t kv_bytes = kv_memory_bytes(f);
+  size_t kv_bytes = kv_memory_bytes(f);
+  SchedulerLimits limits{f.max_batch, f.step_tokens};
+  w.limits = fmt::format("--max-batch {}{}, --step-tokens {}{}", f.max_batch,
+                         f.max_batch_given ? "" : " (the host backends' default)", f.step_tokens,
+                         f.step_tokens_given ? "" : " (the host backends' default)");
   w.runners.resize(size_t(where.count));
   if (device_backend(f)) {
 #ifdef PARITY_HAVE_DEVICE_ENGINE
+    if (!f.max_batch_given || !f.step_tokens_given) {
+      const device::ServingLimits sized = device_limits(f, *w.model, where, kv_bytes);
+      limits = {sized.max_batch, sized.step_tokens};
+      // The pool it sized beside the largest step's activations, unless --kv-memory set one (even
+      // one too small: the runtime refuses that with its sizes).
+      if (kv_bytes == 0) kv_bytes = sized.kv_bytes;
+      w.limits = sized.text();
+    } else {
+      w.limits =
+          fmt::format("--max-batch {}, --step-tokens {} (given)", f.max_batch, f.step_tokens);
+    }
     // Each GPU loads its weights on a thread of its own.
     std::vector<std::exception_ptr> errors(size_t(where.count));
     std::vector<std::thread> threads;
@@ -201,7 +248,7 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
           o.device = where.first_device + i;
           o.max_context = f.context;
           o.kv_bytes = kv_bytes;
-          o.arena_rows = o.max_step_rows = std::max(f.step_tokens, f.max_batch);
+          o.arena_rows = o.max_step_rows = std::max(limits.step_tokens, limits.max_batch);
           o.graphs = !f.no_graphs;
           o.precision = f.precision;
           if (i == 0 && mpi_local_rank <= 0)
@@ -232,8 +279,7 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
     }
   }
   EngineOptions o;
-  o.limits.max_batch = f.max_batch;
-  o.limits.step_tokens = f.step_tokens;
+  o.limits = limits;
   o.max_tokens = f.max_tokens;
   o.context = f.context;
   o.sampling = f.sampling;
@@ -295,7 +341,14 @@ Prepared prepare(const RunFlags& f, const std::vector<RequestLine>& lines, const
     p.outcomes[i].error = lines[i].error;
     if (!p.outcomes[i].error.empty()) continue;
     try {
-      p.requests.push_back({uint64_t(lines[i].line - 1), prompt_tokens(t, lines[i].prompt, f.harmony)});
+      EngineRequest r;
+      r.id = uint64_t(lines[i].line - 1);
+      // Token ids run as they are (--harmony wraps text prompts only).
+      r.prompt = lines[i].prompt_ids.empty() ? prompt_tokens(t, lines[i].prompt, f.harmony)
+                                             : lines[i].prompt_ids;
+      r.max_tokens = lines[i].max_tokens;
+      r.ignore_eos = lines[i].ignore_eos;
+      p.requests.push_back(std::move(r));
       p.outcome_of.push_back(i);
     } catch (const Error& e) {
       p.outcomes[i].error = e.what();
@@ -339,6 +392,7 @@ EngineStats with_line_errors(EngineStats total, const Prepared& p) {
 int getp(const RunFlags& f) {
   const std::vector<RequestLine> lines = read_request_file(f.input);
   Workers w = load(f);
+  std::cerr << "run: limits: " << w.limits << "\n";
   Prepared p = prepare(f, lines, *w.tokenizer);
   LocalQueue queue(p.requests);
   Progress progress(std::cerr, queue.size(), isatty(STDERR_FILENO) == 1, !f.no_progress);
@@ -387,6 +441,7 @@ int getp_mpi(const RunFlags& f, const MpiSession& mpi, const std::vector<Request
     work_for_rank0(mpi, *w.engines.front());
     return kExitOk;
   }
+  std::cerr << "run: limits: " << w.limits << "\n";
   Prepared p = prepare(f, lines, *w.tokenizer);
   LocalQueue queue(p.requests);
   Progress progress(std::cerr, queue.size(), isatty(STDERR_FILENO) == 1, !f.no_progress);
@@ -486,8 +541,14 @@ void add_run_options(CLI::App& app, RunFlags& f) {
                "captured graph, replayed for the steps of its shape)");
   add_decimal_option(
       app, "--max-batch", f.max_batch,
-      fmt::format("sequences running at once at most ({} at most)", SchedulerLimits::kMaxBatch), 1);
-  add_decimal_option(app, "--step-tokens", f.step_tokens, "rows per step at most (prefill chunks)",
+      fmt::format("sequences running at once at most ({} at most); default: hip sizes it from "
+                  "the GPU's memory (at most 512), a host backend {}",
+                  SchedulerLimits::kMaxBatch, kHostMaxBatch),
+      1);
+  add_decimal_option(app, "--step-tokens", f.step_tokens,
+                     fmt::format("rows per step at most (prefill chunks); default: hip sizes it "
+                                 "from the GPU's memory (at most 4096), a host backend {}",
+                                 kHostStepTokens),
                      1);
   add_decimal_option(app, "--context", f.context,
                      "positions per sequence, prompt and generation (0: the model's context)", 0);
@@ -498,8 +559,11 @@ void add_run_options(CLI::App& app, RunFlags& f) {
 }
 
 // What the options say before any file is read: sampling values, the default backend, the
-// precision (bf16 is the device backend's alone).
-void check_flags(RunFlags& f) {
+// precision (bf16 is the device backend's alone), and which limits were given (the device backend
+// sizes the others).
+void check_flags(const CLI::App& app, RunFlags& f) {
+  f.max_batch_given = app.count("--max-batch") > 0;
+  f.step_tokens_given = app.count("--step-tokens") > 0;
   f.sampling.validate();
   if (f.backend.empty()) f.backend = default_candidate();
   if (f.precision_name) f.precision = backend_precision_option(*f.precision_name, f.backend);
@@ -557,7 +621,7 @@ int run_mpi(const MpiSession& mpi, int argc, char** argv) {
   std::optional<Workers> w;
   std::optional<std::exception_ptr> failure;
   try {
-    check_flags(f);
+    check_flags(app, f);
     if (f.mode != "getp") fail("-m {}: under MPI only getp runs on several ranks", f.mode);
     if (mpi.rank() == 0) lines = read_request_file(f.input);
     w.emplace(load(f, mpi.local_rank(), mpi.local_size()));
@@ -595,7 +659,7 @@ int run_main(int argc, char** argv) {
   RunFlags f;
   add_run_options(app, f);
   if (const auto done = parse_command_line(app, "run", argc, argv)) return *done;
-  check_flags(f);
+  check_flags(app, f);
   if (f.mode == "generate") return generate(f);
   if (f.mode == "getp") return getp(f);
   if (f.mode == "tokenize") return tokenize(f);

@@ -39,7 +39,16 @@ bool ActivationArena::reserve(int rows, int64_t scores_floats, hipStream_t strea
     if (max_rows_ > 0) cap = std::min(cap, max_rows_);
     allocate_rows(cap);
   }
-  if (grow_scores) allocate_scores(std::max(scores_floats, 2 * scores_capacity_));
+  if (grow_scores) {
+    int64_t floats = std::max(scores_floats, 2 * scores_capacity_);
+    // Doubling stops at the largest step's need (every row at the end of the context), the size
+    // the serving limits set aside for it (device/runtime/serving_limits.h).
+    if (max_rows_ > 0)
+      floats =
+          std::min(floats, std::max(scores_floats, int64_t(max_rows_) * c_.num_attention_heads *
+                                                       (int64_t(max_context_) + 1)));
+    allocate_scores(floats);
+  }
   return true;
 }
 
