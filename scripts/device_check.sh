@@ -427,7 +427,7 @@ step_serving-bench() {
   mkdir -p "$req"
   logged serving-bench python3 scripts/bench_requests.py --mix sharegpt --count "${SERVING_COUNT:-1000}" \
     --out "$req/sharegpt.jsonl"
-  logged serving-bench python3 scripts/bench_requests.py --mix prefill-heavy --count "${SERVING_COUNT:-256}" \
+  logged serving-bench python3 scripts/bench_requests.py --mix prefill-heavy --count "${PREFILL_COUNT:-128}" \
     --out "$req/prefill-heavy.jsonl"
   logged serving-bench python3 scripts/bench_requests.py --mix decode-heavy --count "${SERVING_COUNT:-256}" \
     --out "$req/decode-heavy.jsonl"
