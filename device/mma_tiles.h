@@ -188,8 +188,9 @@ struct WideStager {
     for (int u = 0; u < kQuads; ++u)
       if (owns(u)) {
         const int v = quad + kThreadsPerCol * u, b = v / (4 * P);
-        regs[u] = 2 * c + b < groups ? src[(2 * c + b) * kSplitQuadsPerBlock + v % (4 * P)]
-                                     : uint4{0, 0, 0, 0};
+        // Three parts: the chunk's quads are contiguous in the split words.
+        const int at = P == kSplitParts ? v : b * kSplitQuadsPerBlock + v % (4 * P);
+        regs[u] = 2 * c + b < groups ? src[2 * c * kSplitQuadsPerBlock + at] : uint4{0, 0, 0, 0};
       }
   }
   __device__ __forceinline__ void store(WideStaged<kCols, P>& st, int c, int chunks) const {
