@@ -47,6 +47,24 @@ cmp "$dir/one.txt" "$dir/two.txt" || { diff "$dir/one.txt" "$dir/two.txt" | head
 grep -q 'rank 1: [1-9]' "$dir/two.err" || { echo "rank 1 ran no request"; cat "$dir/two.err"; exit 1; }
 echo "PASS: 2 ranks wrote the output of 1 ($(wc -l <"$dir/one.txt") lines)"
 
+# one_and_two NAME EXPECTED ARGS...: `run ARGS` in one process and on 2 ranks, into
+# $dir/one-NAME.txt and $dir/two-NAME.txt (standard error beside them, .err): both must exit
+# EXPECTED and write the same output.
+one_and_two() {
+  local name="$1" expected="$2" one two
+  shift 2
+  set +e
+  "$run" "$@" -o "$dir/one-$name.txt" 2>"$dir/one-$name.err"
+  one=$?
+  "${mpi[@]}" "$@" -o "$dir/two-$name.txt" >"$dir/two-$name.out" 2>"$dir/two-$name.err"
+  two=$?
+  set -e
+  [ "$one" -eq "$expected" ] && [ "$two" -eq "$expected" ] ||
+    { echo "$name: expected exit $expected and $expected, got $one and $two"; cat "$dir/two-$name.err"; exit 1; }
+  cmp "$dir/one-$name.txt" "$dir/two-$name.txt" ||
+    { diff "$dir/one-$name.txt" "$dir/two-$name.txt" | head; exit 1; }
+}
+
 # JSON Lines: each request's max_tokens and ignore_eos travel to the rank that runs it. The tiny
 # model's first greedy token for "Hello" is made its stop token (a copy with that
 # generation_config.json): the request that ignores it generates all its max_tokens, the other
@@ -61,15 +79,7 @@ for i in $(seq 1 16); do
 done >"$dir/requests.jsonl"
 jsonl=("$dir/stop-model" -m getp --backend cpu-f32 -t 0 -i "$dir/requests.jsonl" -n 50 --max-batch 2
        --no-progress)
-set +e
-"$run" "${jsonl[@]}" -o "$dir/one-jsonl.txt" 2>"$dir/one-jsonl.err"
-one=$?
-"${mpi[@]}" "${jsonl[@]}" -o "$dir/two-jsonl.txt" >"$dir/two-jsonl.out" 2>"$dir/two-jsonl.err"
-two=$?
-set -e
-[ "$one" -eq 0 ] && [ "$two" -eq 0 ] ||
-  { echo "JSON Lines: expected exit 0 and 0, got $one and $two"; cat "$dir/two-jsonl.err"; exit 1; }
-cmp "$dir/one-jsonl.txt" "$dir/two-jsonl.txt" || { diff "$dir/one-jsonl.txt" "$dir/two-jsonl.txt" | head; exit 1; }
+one_and_two jsonl 0 "${jsonl[@]}"
 i=0
 while read -r line; do
   i=$((i + 1))
@@ -89,16 +99,7 @@ echo "PASS: JSON Lines' max_tokens and ignore_eos on 2 ranks as on 1"
 for i in $(seq 1 12); do echo "request $i, with more words than the context holds"; done >"$dir/long.txt"
 tiny=(tiny --models-dir "$dir/models" -m getp --backend cpu-f32 -i "$dir/long.txt" -n 4 --context 2
       --no-progress)
-set +e
-"$run" "${tiny[@]}" -o "$dir/one-refused.txt" 2>"$dir/one-refused.err"
-one=$?
-"${mpi[@]}" "${tiny[@]}" -o "$dir/two-refused.txt" >"$dir/two-refused.out" 2>"$dir/two-refused.err"
-two=$?
-set -e
-[ "$one" -eq 1 ] && [ "$two" -eq 1 ] ||
-  { echo "refused requests: expected exit 1 and 1, got $one and $two"; cat "$dir/two-refused.err"; exit 1; }
-cmp "$dir/one-refused.txt" "$dir/two-refused.txt" ||
-  { diff "$dir/one-refused.txt" "$dir/two-refused.txt" | head; exit 1; }
+one_and_two refused 1 "${tiny[@]}"
 echo "PASS: every request refused, on 2 ranks as on 1"
 
 # An error before the work starts (here a directory as the request file, which read as an empty
