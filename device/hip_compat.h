@@ -43,6 +43,13 @@ inline hipError_t device_name_and_arch(int device, std::string& name, std::strin
   return hipSuccess;
 }
 
+// Hopper's warpgroup MMA (wgmma) has no AMD counterpart here: the kernels built on it compile to
+// nothing and are never chosen (the NVIDIA branch documents them).
+#define PARITY_DEVICE_WGMMA 0
+inline bool warpgroup_mma_available() {
+  return false;
+}
+
 #if defined(__HIP_DEVICE_COMPILE__) || defined(__HIPCC__)
 // The tile product of the MXFP4 expert kernels in NVIDIA's mma.m16n8k16 fragment layout (see the
 // NVIDIA branch for the layout), on a group of 32 lanes of the wavefront: each lane gathers its
@@ -163,6 +170,8 @@ inline hipError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3
 #define hipPeekAtLastError cudaPeekAtLastError
 #define hipGetErrorName cudaGetErrorName
 #define hipGetErrorString cudaGetErrorString
+#define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 
 // Calls that differ.
 // hipHostMalloc(ptr, size, flags) is cudaHostAlloc; the flag values coincide (default 0,
@@ -188,6 +197,21 @@ inline cudaError_t device_name_and_arch(int device, std::string& name, std::stri
   name = prop.name;
   arch = "sm_" + std::to_string(major) + std::to_string(minor);
   return cudaSuccess;
+}
+// Whether the current device runs the warpgroup-MMA kernels: they are built (PARITY_WGMMA_BUILT,
+// CMAKE_CUDA_ARCHITECTURES naming 90a) and the device is compute capability 9.0. Kernels built
+// for 90a alone run on nothing else.
+inline bool warpgroup_mma_available() {
+#if defined(PARITY_WGMMA_BUILT)
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
 }
 }  // namespace parity::device
 
@@ -239,6 +263,66 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   uint32_t r;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(0x80008000u));
   return r;
+}
+// Warpgroup MMA (wgmma, sm_90a only: built when CMAKE_CUDA_ARCHITECTURES names 90a). The four
+// consecutive warps of a warpgroup (the 128 threads of a block that uses it) issue one
+// asynchronous product together: D (64 x N, float32, registers) += A (64 x 16 BF16) B (16 x N
+// BF16). A comes from registers in mma_bf16_16x8x16's fragment layout, warp w holding rows
+// 16 w .. 16 w + 15 (a[0..3] as there); D's registers are mma_bf16_16x8x16's d of each 8-column
+// tile j in turn, d[4 j + i]. B is read from shared memory through a matrix descriptor: K-major
+// core matrices of 8 columns by 16 bytes (8 BF16 of k), 128 contiguous bytes each (column n at
+// 16 n), no swizzle; lbo bytes from the core of k 0..7 to that of k 8..15, sbo bytes from columns
+// 0..7 to columns 8..15. A chain of them on one D gives the bits of the same chain of
+// mma_bf16_16x8x16 (measured on the H100: docs/measurements.md). Ordering, as the PTX ISA asks:
+// wgmma_fence() before the products when their A or D registers were written by other
+// instructions; wgmma_commit_group() after a batch; wgmma_wait_group<n>() until at most n
+// batches are in flight before D is read or B's shared memory rewritten (and
+// wgmma_fence_operands(d) so that the compiler keeps D's reads after the wait); shared memory
+// written by ordinary stores and read next by wgmma needs fence_proxy_async_shared() in the
+// writing threads before the barrier.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PARITY_DEVICE_WGMMA 1
+#else
+#define PARITY_DEVICE_WGMMA 0
+#endif
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ uint64_t wgmma_smem_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return uint64_t((at >> 4) & 0x3fffu) | uint64_t((lbo >> 4) & 0x3fffu) << 16 |
+         uint64_t((sbo >> 4) & 0x3fffu) << 32;  // base offset 0, no swizzle
+}
+// D (64 x 64) += A B, N = 64.
+__device__ __forceinline__ void wgmma_bf16_m64n64k16(float (&d)[32], const uint32_t (&a)[4],
+                                                     uint64_t b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, "
+      "p, %37, %37, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(1), "r"(1));
 }
 // Programmatic dependent launch (sm_90): a kernel launched by launch_programmatic may start while
 // the kernel before it in the stream still runs, once every block of that one has called

@@ -248,8 +248,11 @@ struct MoeTiling {
   bool grouped = true;
   int m_tiles = 2, n_tiles = 1;
   bool wide = false;
+  bool warpgroup = false;  // Hopper's wgmma tiles (bf16; warpgroup_mma_available())
 };
-MoeTiling moe_tiling(int64_t pairs, int experts);  // the one launch_f32_moe_linear takes
+// The tiling launch_f32_moe_linear takes; `warpgroup`: whether the warpgroup tiles may run (the
+// bf16 precision on a GPU with warpgroup MMA).
+MoeTiling moe_tiling(int64_t pairs, int experts, bool warpgroup);
 void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int batch, int k,
                                const float* x, int x_row_stride, int x_slot_stride, float* y,
                                float* act, float alpha, float limit, const MoeWorkspace& ws,

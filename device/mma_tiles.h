@@ -31,8 +31,12 @@ __device__ __forceinline__ MmaQuarter mma_quarter(int chunks, int group) {
 // small parts meet before the large one), then one float32 add into acc: the tensor cores' own
 // accumulation, coarser than round-to-nearest, spans one part of one block only.
 // P is the parts the products use (precision_parts: 3 for fp32, exact; 1 for bf16, the hi part
-// alone, which is the input rounded to nearest even): with one part, the hi chain is added to acc
-// as it is. Every tiling of one precision gives an element the same operations.
+// alone, which is the input rounded to nearest even). With one part the products accumulate on the
+// tensor cores into acc itself, one chain of MMA steps over the group's quarter of the input (as
+// every BF16 engine accumulates): the accumulation of a part of a block was kept apart only so
+// that the three exact parts stay exact, and one chain is what Hopper's warpgroup MMA runs
+// asynchronously (the warpgroup tiles give the same bits: hip_compat.h). Every tiling of one
+// precision gives an element the same operations.
 __device__ __forceinline__ float mma_parts_sum(float lo, float mid, float hi) {
   return (lo + mid) + hi;
 }
@@ -69,10 +73,12 @@ __device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       if constexpr (P == 1) {
-        float hi[4];
-        chain(m, j, 0, hi);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][j][i] += hi[i];
+        for (int step = 0; step < 2; ++step) {
+          const uint32_t b[2] = {step == 0 ? bf[0][j].x : bf[0][j].z,
+                                 step == 0 ? bf[0][j].y : bf[0][j].w};
+          mma_bf16_16x8x16(acc[m][j], af[m][step], b);
+        }
       } else {
         float lo[4], mid[4], hi[4];
         chain(m, j, 2, lo);
@@ -91,7 +97,7 @@ __device__ __forceinline__ void mma_block(float (&acc)[MT][NT][4], const uint32_
 // mma_block). Lane t = 0 then holds hi and mid of rows g and g + 8 in part[0..3] and lane t = 1
 // lo in part[0] and part[2]; lane t = 0's acc[m][0][0] and acc[m][0][2] (column 0) receive the
 // sum, the other lanes' acc hold nothing of use. With one part (P = 1, bf16) every column holds
-// hi and column 0's chain is added as mma_block<P = 1> adds it.
+// hi and the steps accumulate into acc as in mma_block<P = 1> (column 0 is the one read).
 template <int P>
 __device__ __forceinline__ int mma_part_column(int g) {
   return P == 1 || g >= 3 ? 0 : g;
@@ -104,14 +110,14 @@ __device__ __forceinline__ void mma_block_parts_as_columns(float (&acc)[MT][1][4
   mma_a_fragments(ar, af);
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const uint32_t b0[2] = {bq.x, bq.y}, b1[2] = {bq.z, bq.w};
-    mma_bf16_16x8x16(part, af[m][0], b0);
-    mma_bf16_16x8x16(part, af[m][1], b1);
     if constexpr (P == 1) {
-      acc[m][0][0] += part[0];
-      acc[m][0][2] += part[2];
+      mma_bf16_16x8x16(acc[m][0], af[m][0], b0);
+      mma_bf16_16x8x16(acc[m][0], af[m][1], b1);
     } else {
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_bf16_16x8x16(part, af[m][0], b0);
+      mma_bf16_16x8x16(part, af[m][1], b1);
       const float lo_g = __shfl_xor(part[0], 1), lo_g8 = __shfl_xor(part[2], 1);
       acc[m][0][0] += mma_parts_sum(lo_g, part[1], part[0]);
       acc[m][0][2] += mma_parts_sum(lo_g8, part[3], part[2]);
@@ -236,6 +242,34 @@ struct WideQuarters {
             kept = acc[m][j][i];
           else
             acc[m][j][i] = s01[m][j][i] + (kept + acc[m][j][i]);
+        }
+  }
+};
+
+// The same fold with the first two quarters' sum in shared memory too, for tiles whose registers
+// hold wide accumulators (the warpgroup tiles): the same operations, in the same order.
+template <int MT, int NT>
+struct WideQuartersShared {
+  float s01[kMmaGroups][MT * NT * 4][kMmaLanes];
+  float p2[kMmaGroups][MT * NT * 4][kMmaLanes];
+  __device__ __forceinline__ void fold(int quarter, int group, int lane, float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int at = (m * NT + j) * 4 + i;
+          float& sum01 = s01[group][at][lane];
+          float& kept = p2[group][at][lane];
+          if (quarter == 0)
+            sum01 = acc[m][j][i];
+          else if (quarter == 1)
+            sum01 = sum01 + acc[m][j][i];
+          else if (quarter == 2)
+            kept = acc[m][j][i];
+          else
+            acc[m][j][i] = sum01 + (kept + acc[m][j][i]);
         }
   }
 };

@@ -12,7 +12,7 @@
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # PRECISION (fp32 or bf16: the device's --precision for tiny, hf, 20b, 20b-real, bench,
-# engine-bench and long-pos; default the tools' own), CUDA_ARCH / HIP_ARCH (90 / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
+# engine-bench and long-pos; default the tools' own), CUDA_ARCH / HIP_ARCH (90a / gfx90a), DEPS_DIR (build-devdeps: the libraries the GPU machine
 # lacks, from scripts/device_deps.sh, used when present).
 # Every step logs to LOG_DIR/<step>.log and prints a one-line summary; the script stops at the
 # first failing step.
@@ -59,7 +59,7 @@ logged() {
 }
 
 step_build() {
-  local arch_flag=-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}"
+  local arch_flag=-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a}"
   [ "$GPU" = hip ] && arch_flag=-DPARITY_HIP_ARCHITECTURES="${HIP_ARCH:-gfx90a}"
   logged build cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPU="$GPU" \
     -DPARITY_WERROR=ON "$arch_flag"

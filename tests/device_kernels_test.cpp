@@ -1738,9 +1738,14 @@ class MoeTilingCase {
               << what << ": swiglu bits";
         }
       };
-      for (const detail::MoeTiling tiling :
-           {detail::MoeTiling{true, 2, 1, false}, detail::MoeTiling{true, 2, 1, true},
-            detail::MoeTiling{true, 2, 2, true}}) {
+      std::vector<detail::MoeTiling> tilings = {detail::MoeTiling{true, 2, 1, false},
+                                                detail::MoeTiling{true, 2, 1, true},
+                                                detail::MoeTiling{true, 2, 2, true}};
+      // The warpgroup tiles (bf16 on a GPU with warpgroup MMA; WarpgroupTilesOnHopperBuilds
+      // says where they must be available).
+      if (precision_ == Precision::bf16 && warpgroup_mma_available())
+        tilings.push_back(detail::MoeTiling{true, 2, 8, true, true});
+      for (const detail::MoeTiling tiling : tilings) {
         Output y(ny), a(na);
         detail::launch_f32_mxfp4w_moe_mma(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row,
                                           x_slot, y.ptr(), act(a), 1.702f, 7.0f, scratch.ws(),
@@ -1748,9 +1753,10 @@ class MoeTilingCase {
         EXPECT_EQ(scratch.routing(), want_routing(8 * tiling.n_tiles))
             << "routing workspace, tiles of " << 8 * tiling.n_tiles;
         same(y, a,
-             tiling.n_tiles == 2 ? "grouped 128 x 16"
-             : tiling.wide       ? "grouped 128 x 8"
-                                 : "grouped 32 x 8");
+             tiling.warpgroup      ? "warpgroup 128 x 64"
+             : tiling.n_tiles == 2 ? "grouped 128 x 16"
+             : tiling.wide         ? "grouped 128 x 8"
+                                   : "grouped 32 x 8");
       }
       Output y_entry(ny), a_entry(na);
       launch_f32_moe_linear(w, didx.as<int32_t>(), rows, k_, dx.as<float>(), x_row, x_slot,
@@ -1823,14 +1829,31 @@ TEST_F(DeviceKernels, MoeMmaPathsAgainstTheReference) {
   MoeCase().experts(5).out(160).in(160).k(4).rows(64).run();  // 256 pairs: 32 x 32 tiles
   MoeCase().experts(5).out(80).in(224).k(4).rows(64).swiglu(false).run();
 }
-// bf16: pair mode (parts as columns, one chain), the 32 x 8, 128 x 8 and 128 x 16 tiles all give
-// the same bits, and the products take each input rounded once to BF16 (the reference's sum of
-// the rounded inputs within float32 accumulation; an exact-product result fails it).
+// bf16: pair mode (parts as columns), the 32 x 8, 128 x 8 and 128 x 16 tiles and, on Hopper, the
+// warpgroup tiles all give the same bits, and the products take each input rounded once to BF16
+// (the reference's sum of the rounded inputs within float32 accumulation; an exact-product result
+// fails it). 300 rows put 37 pairs on an expert (the warpgroup tiles' partial tiles), all on one
+// expert 19 tiles of it; in 3616 an odd count of blocks.
 TEST_F(DeviceKernels, MoeTilingsAgreeInBf16) {
   MoeTilingCase().precision(Precision::bf16).run({1, 3, 64, 300});
   MoeTilingCase().out(2880).swiglu(false).precision(Precision::bf16).run({1, 3, 64, 300});
-  MoeTilingCase().routing(Routing::with_invalid).precision(Precision::bf16).run({3, 64});
+  MoeTilingCase().routing(Routing::with_invalid).precision(Precision::bf16).run({3, 64, 300});
+  MoeTilingCase().routing(Routing::one_expert).precision(Precision::bf16).run({300});
   MoeTilingCase().experts(7).out(38).in(3616).k(2).precision(Precision::bf16).run({1, 300});
+  MoeTilingCase().experts(5).out(70).in(96).k(3).precision(Precision::bf16).run({300});
+}
+// The warpgroup tiles run exactly where they are built for: a CUDA build naming 90a, on a GPU of
+// compute capability 9.0 (so that MoeTilingsAgreeInBf16 compares them there).
+TEST_F(DeviceKernels, WarpgroupTilesOnHopperBuilds) {
+  int device = 0;
+  ASSERT_EQ(hipGetDevice(&device), hipSuccess);
+  std::string name, arch;
+  ASSERT_EQ(device_name_and_arch(device, name, arch), hipSuccess);
+#if defined(PARITY_WGMMA_BUILT)
+  EXPECT_EQ(warpgroup_mma_available(), arch == "sm_90") << name << " " << arch;
+#else
+  EXPECT_FALSE(warpgroup_mma_available()) << name << " " << arch;
+#endif
 }
 TEST_F(DeviceKernels, MoeBf16ProductsRoundEachInputOnce) {
   MoeCase().experts(2).out(5760).in(2880).k(2).rows(1).precision(Precision::bf16).run();
