@@ -682,13 +682,13 @@ __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm)
 }
 
 // ------------------------------------------------------ warpgroup tiles (wgmma, bf16) ---
-// Prefill and large batches on the bf16 path where the GPU has Hopper's warpgroup MMA
-// (warpgroup_mma_available): 128 rows of one expert by kWarpgroupPairs pairs, the block's four
+// Steps of 64 or more pairs per expert (prefill; batches of 512 and more) on the bf16 path where
+// the GPU has Hopper's warpgroup MMA (warpgroup_mma_available): 128 rows of one expert by kWarpgroupPairs pairs, the block's four
 // warps one warpgroup. A warp decodes its 32 rows' MXFP4 into A registers as the wide tiles do;
 // the pairs' inputs (the split's hi parts: the inputs rounded to BF16) are staged in shared memory
 // as wgmma's B, in a ring of kWarpgroupStages chunks; each block of 32 inputs is two asynchronous
 // products per 16-row tile (wgmma_bf16_m64n64k16), which run while the warps decode the next chunk.
-// The quarters and their sum are the wide tiles' (mma_quarter, WideQuarters), and a chain of wgmma
+// The quarters and their sum are the wide tiles' (mma_quarter; WideQuartersShared), and a chain of wgmma
 // on one accumulator gives the bits of the same chain of mma_bf16_16x8x16 (hip_compat.h): every
 // element the bits of the other tilings.
 constexpr int kWarpgroupPairs = 64;

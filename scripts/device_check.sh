@@ -89,7 +89,10 @@ step_sanitize() {
   command -v compute-sanitizer >/dev/null || { echo "sanitize: no compute-sanitizer here"; return 0; }
   local cs=(timeout -s KILL 300 compute-sanitizer --error-exitcode 9 --print-limit 20)
   logged sanitize "${cs[@]}" --tool memcheck "$bin/parity_tests" --gtest_filter='DeviceKernels.*' --gtest_brief=1
-  logged sanitize "${cs[@]}" --tool racecheck "$bin/parity_tests" --gtest_filter='DeviceKernels.*' --gtest_brief=1
+  # racecheck: the bf16 tilings' real shapes (the warpgroup tiles' many blocks) take it past the
+  # limit; MoeTilingsAgreeInBf16SmallShapes runs the same tiles under it.
+  logged sanitize "${cs[@]}" --tool racecheck "$bin/parity_tests" \
+    --gtest_filter='DeviceKernels.*:-DeviceKernels.MoeTilingsAgreeInBf16' --gtest_brief=1
   for tool in memcheck racecheck synccheck initcheck; do
     logged sanitize "${cs[@]}" --tool "$tool" "$bin/parity-trace" --model tiny --models-dir "$MODELS_DIR" \
       --tokens "$tiny_tokens" --candidate hip --out "$LOG_DIR/sanitize-$tool"

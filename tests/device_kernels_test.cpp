@@ -1842,6 +1842,12 @@ TEST_F(DeviceKernels, MoeTilingsAgreeInBf16) {
   MoeTilingCase().experts(7).out(38).in(3616).k(2).precision(Precision::bf16).run({1, 300});
   MoeTilingCase().experts(5).out(70).in(96).k(3).precision(Precision::bf16).run({300});
 }
+// Small shapes of the same comparison, sized for the sanitizers (racecheck, synccheck): about 130
+// and 100 pairs per expert, so that the warpgroup tiles run on Hopper.
+TEST_F(DeviceKernels, MoeTilingsAgreeInBf16SmallShapes) {
+  MoeTilingCase().experts(3).out(128).in(128).k(2).precision(Precision::bf16).run({200});
+  MoeTilingCase().experts(3).out(70).in(96).k(3).swiglu(false).precision(Precision::bf16).run({100});
+}
 // The warpgroup tiles run exactly where they are built for: a CUDA build naming 90a, on a GPU of
 // compute capability 9.0 (so that MoeTilingsAgreeInBf16 compares them there).
 TEST_F(DeviceKernels, WarpgroupTilesOnHopperBuilds) {
