@@ -220,6 +220,19 @@ __device__ __forceinline__ void wide_b_fragments(const WideStaged<8 * NT, P>& st
       bx[q][j] = s[(8 * j + g) * kWideColStride<P> + 4 * P * b + 4 * q + t];
 }
 
+// One element's quarter folded in: after quarter 3, acc holds (p0 + p1) + (p2 + p3), sum01 and
+// kept holding p0 + p1 and p2 in between (registers or shared memory).
+__device__ __forceinline__ void fold_quarter(int quarter, float& acc, float& sum01, float& kept) {
+  if (quarter == 0)
+    sum01 = acc;
+  else if (quarter == 1)
+    sum01 = sum01 + acc;
+  else if (quarter == 2)
+    kept = acc;
+  else
+    acc = sum01 + (kept + acc);
+}
+
 // The quarters of a group's tile added as MmaPartials::sum adds them: after quarter 3, acc holds
 // (p0 + p1) + (p2 + p3). p2 waits in shared memory (its registers would spill).
 template <int MT, int NT>
@@ -232,17 +245,8 @@ struct WideQuarters {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float& kept = p2[group][(m * NT + j) * 4 + i][lane];
-          if (quarter == 0)
-            s01[m][j][i] = acc[m][j][i];
-          else if (quarter == 1)
-            s01[m][j][i] = s01[m][j][i] + acc[m][j][i];
-          else if (quarter == 2)
-            kept = acc[m][j][i];
-          else
-            acc[m][j][i] = s01[m][j][i] + (kept + acc[m][j][i]);
-        }
+        for (int i = 0; i < 4; ++i)
+          fold_quarter(quarter, acc[m][j][i], s01[m][j][i], p2[group][(m * NT + j) * 4 + i][lane]);
   }
 };
 
@@ -260,16 +264,7 @@ struct WideQuartersShared {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int at = (m * NT + j) * 4 + i;
-          float& sum01 = s01[group][at][lane];
-          float& kept = p2[group][at][lane];
-          if (quarter == 0)
-            sum01 = acc[m][j][i];
-          else if (quarter == 1)
-            sum01 = sum01 + acc[m][j][i];
-          else if (quarter == 2)
-            kept = acc[m][j][i];
-          else
-            acc[m][j][i] = sum01 + (kept + acc[m][j][i]);
+          fold_quarter(quarter, acc[m][j][i], s01[group][at][lane], p2[group][at][lane]);
         }
   }
 };
