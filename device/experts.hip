@@ -32,6 +32,7 @@
 #include "device/device_math.h"
 #include "device/mma_tiles.h"
 #include "device/split_inputs.h"
+#include "device/warpgroup_tiles.h"
 
 namespace parity::device {
 namespace {
@@ -683,92 +684,78 @@ __global__ void __launch_bounds__(kMmaThreads, kWideMoeBlocksPerSm)
 
 // ------------------------------------------------------ warpgroup tiles (wgmma, bf16) ---
 // Steps of 64 or more pairs per expert (prefill; batches of 512 and more) on the bf16 path where
-// the GPU has Hopper's warpgroup MMA (warpgroup_mma_available): 128 rows of one expert by kWarpgroupPairs pairs, the block's four
-// warps one warpgroup. A warp decodes its 32 rows' MXFP4 into A registers as the wide tiles do;
-// the pairs' inputs (the split's hi parts: the inputs rounded to BF16) are staged in shared memory
-// as wgmma's B, in a ring of kWarpgroupStages chunks; each block of 32 inputs is two asynchronous
-// products per 16-row tile (wgmma_bf16_m64n64k16), which run while the warps decode the next chunk.
-// The quarters and their sum are the wide tiles' (mma_quarter; WideQuartersShared), and a chain of wgmma
-// on one accumulator gives the bits of the same chain of mma_bf16_16x8x16 (hip_compat.h): every
-// element the bits of the other tilings.
-constexpr int kWarpgroupPairs = 64;
-// Chunks of the pairs' inputs in shared memory: the one the products read, the next, and the one
-// the products before them read (rewritten once every warp's products of it are done).
-constexpr int kWarpgroupStages = 3;
+// the GPU has Hopper's warpgroup MMA (warpgroup_mma_available): 128 rows of one expert by
+// kWarpgroupCols pairs (device/warpgroup_tiles.h), a warp decoding its 32 rows' MXFP4 into A
+// registers as the wide tiles do, two chunks of weights in flight.
 // Pairs per expert from which a step takes the warpgroup tiles (moe_tiling): full tiles.
-constexpr int kWarpgroupMinPairs = kWarpgroupPairs;
-// Bytes of one k step (16 inputs) of the tile's pairs in shared memory: two cores of k by
-// kWarpgroupPairs / 8 of columns, 128 bytes each.
-constexpr int kWarpgroupStepBytes = 32 * kWarpgroupPairs;
-struct WarpgroupMoeShared {
-  uint8_t staged[kWarpgroupStages][4 * kWarpgroupStepBytes];  // a chunk: two blocks, four k steps
-  WideQuartersShared<2, kWarpgroupPairs / 8> quarters;
-};
-constexpr int kWarpgroupSharedBytes = int(sizeof(WarpgroupMoeShared));
+constexpr int kWarpgroupMinPairs = kWarpgroupCols;
 
 #if PARITY_DEVICE_WGMMA
-// One thread's share of staging a chunk: lane (g, t) loads quad t (the hi words of lane t's
-// inputs) of columns 8 r + g for the pairs of rows r = warp and warp + 4 of the tile's
-// kWarpgroupPairs / 8 column groups, both blocks of the chunk (16-byte loads, two chunks ahead of
-// the one stored), and stores word x of a quad to step 2 b's core of k 0..7, y to its core of k
-// 8..15, z and w to step 2 b + 1's (split_inputs.h: word j of quad t holds inputs 8 t + j and
-// 8 t + j + 4, k 2 t and 2 t + 1 of mma_bf16_16x8x16's B). A warp's 32 stores of one word fill one
-// core's 128 bytes: no bank conflict. (Four-byte asynchronous copies straight into the cores were
-// measured slower: docs/measurements.md.) A block past the input stages zeros, never read.
-struct WarpgroupStager {
-  const uint4* src[2];  // the two columns' split at block 0, quad t
-  int col_group[2];
-  int g, t;
-  uint4 regs[2][2];  // [column][block]
-  __device__ __forceinline__ void load(int c, int chunks, int groups) {
-    if (c >= chunks) return;
+// A of the warpgroup tiles: the warp's MXFP4 rows (as in f32_mxfp4w_moe_mma_wide), the weights of
+// chunks c + 1 and c + 2 in flight while chunk c is decoded.
+struct Mxfp4WarpgroupA {
+  static constexpr int MT = kWarpgroupRowTiles;
+  const uint4* ap[MT];
+  const uint32_t* sp[MT];
+  int next_chunk, chunks;
+  uint4 wq[2][MT], w[MT];
+  uint32_t sq[2][MT], s[MT];
+  bool small_scales;
+  __device__ __forceinline__ Mxfp4WarpgroupA(const MoeArgs& a, int e, int j0, int lane, int chunks_)
+      : next_chunk(0), chunks(chunks_) {
+    const Mxfp4Packing pk(a.out, a.in);
+    const int g = lane / 4;
 #pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-        regs[u][b] =
-            2 * c + b < groups ? src[u][(2 * c + b) * kSplitQuadsPerBlock] : uint4{0, 0, 0, 0};
+    for (int m = 0; m < MT; ++m) {
+      const int64_t tile_chunk =
+          (int64_t(e) * pk.row_tiles + min(int64_t(j0 / 16 + m), pk.row_tiles - 1)) * pk.chunks;
+      ap[m] = reinterpret_cast<const uint4*>(a.blocks) + tile_chunk * kMmaLanes + lane;
+      sp[m] = reinterpret_cast<const uint32_t*>(a.scales) + tile_chunk * 8 + g;
+    }
+    load(wq[0], sq[0]);
+    load(wq[1], sq[1]);
   }
-  __device__ __forceinline__ void store(WarpgroupMoeShared& sh, int c, int chunks) const {
-    if (c >= chunks) return;
-    uint8_t* const stage = sh.staged[c % kWarpgroupStages];
-    constexpr int kc1 = kWarpgroupStepBytes / 2;
+  __device__ __forceinline__ void load(uint4 (&wl)[MT], uint32_t (&sl)[MT]) {
+    const bool live = next_chunk < chunks;
 #pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        uint8_t* const at = stage + col_group[u] * 128 + g * 16 + t * 4;
-        const uint4 q = regs[u][b];
-        const int s0 = (2 * b) * kWarpgroupStepBytes, s1 = (2 * b + 1) * kWarpgroupStepBytes;
-        *reinterpret_cast<uint32_t*>(at + s0) = q.x;
-        *reinterpret_cast<uint32_t*>(at + s0 + kc1) = q.y;
-        *reinterpret_cast<uint32_t*>(at + s1) = q.z;
-        *reinterpret_cast<uint32_t*>(at + s1 + kc1) = q.w;
+    for (int m = 0; m < MT; ++m) {
+      if (live) {
+        wl[m] = *ap[m];
+        sl[m] = *sp[m];
       }
-    fence_proxy_async_shared();  // the tensor cores read what these stores wrote
+      ap[m] += kMmaLanes;
+      sp[m] += 8;
+    }
+    ++next_chunk;
+  }
+  __device__ __forceinline__ void next() {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      w[m] = wq[0][m], s[m] = sq[0][m];
+      wq[0][m] = wq[1][m], sq[0][m] = sq[1][m];
+    }
+    load(wq[1], sq[1]);
+    small_scales = mxfp4_small_scales(s);
+  }
+  template <int b>
+  __device__ __forceinline__ void block(uint32_t (&ar)[MT][2][4]) const {
+    mxfp4_chunk_block<b>(w, s, small_scales, ar);
   }
 };
 #endif  // PARITY_DEVICE_WGMMA
 
-// Blocks per SM the registers are cut for: two warpgroups (accumulators, the quarters' first
-// sums and the decoded A of a chunk take about 200 registers).
-constexpr int kWarpgroupMoeBlocksPerSm = 2;
-
 template <bool kSwiGLU>
-__global__ void __launch_bounds__(kMmaThreads, kWarpgroupMoeBlocksPerSm)
+__global__ void __launch_bounds__(kMmaThreads, kWarpgroupBlocksPerSm)
     f32_mxfp4w_moe_wgmma(const MoeArgs a, const int32_t* routing, const uint4* split) {
 #if PARITY_DEVICE_WGMMA
-  constexpr int MT = 2, NT = kWarpgroupPairs / 8, kCols = kWarpgroupPairs;
+  constexpr int MT = kWarpgroupRowTiles, NT = kWarpgroupColTiles, kCols = kWarpgroupCols;
   extern __shared__ __align__(128) uint8_t shared_bytes[];
-  WarpgroupMoeShared& sh = *reinterpret_cast<WarpgroupMoeShared*>(shared_bytes);
+  WarpgroupShared& sh = *reinterpret_cast<WarpgroupShared*>(shared_bytes);
   const int lane = int(threadIdx.x) % kMmaLanes, warp = int(threadIdx.x) / kMmaLanes;
   const int g = lane / 4, t = lane % 4;
   const int j0 = int(blockIdx.x) * kWideRows + 32 * warp;  // the warp's first row
   const int groups = a.in / 32, chunks = (groups + 1) / 2;
   const int k = a.k;
-  const uint4* const packed_blocks = reinterpret_cast<const uint4*>(a.blocks);
-  const uint32_t* const packed_scales = reinterpret_cast<const uint32_t*>(a.scales);
-  const Mxfp4Packing pk(a.out, a.in);
   const RoutingView<const int32_t> rv = routing_view(routing, a.experts);
   const int tiles = rv.tile_start[a.experts + 1];
   for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
@@ -796,107 +783,14 @@ __global__ void __launch_bounds__(kMmaThreads, kWarpgroupMoeBlocksPerSm)
     __syncthreads();  // every warp's products of the tile before have read their stages
 
     // The staging: a column past the tile's pairs stages its first pair (never written).
-    WarpgroupStager stager;
-    stager.g = g, stager.t = t;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      stager.col_group[u] = warp + 4 * u;
-      const int n = 8 * (warp + 4 * u) + g;
+    const WarpgroupStager stager(warp, lane, [&](int n) {
       const int p = pair_at(n < np ? n : 0), r = p / k, slot = p % k;
       const int64_t v = int64_t(r) * a.x_row_stride + int64_t(slot) * a.x_slot_stride;
-      stager.src[u] = split + (v / 32) * kSplitQuadsPerBlock + t;
-    }
-    WarpgroupStager ahead = stager;  // chunk c + 2's loads while chunk c + 1 waits in stager
-
-    // A: as in f32_mxfp4w_moe_mma_wide.
-    const uint4* ap[MT];
-    const uint32_t* sp[MT];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const int64_t tile_chunk =
-          (int64_t(e) * pk.row_tiles + min(int64_t(j0 / 16 + m), pk.row_tiles - 1)) * pk.chunks;
-      ap[m] = packed_blocks + tile_chunk * kMmaLanes + lane;
-      sp[m] = packed_scales + tile_chunk * 8 + g;
-    }
-    // The weights of chunks c + 1 and c + 2 in flight while chunk c is decoded.
-    uint4 wq[2][MT];
-    uint32_t sq[2][MT];
-    int next = 0;
-    const auto load = [&](uint4(&w)[MT], uint32_t(&s)[MT]) {
-      const bool live = next < chunks;
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        if (live) {
-          w[m] = *ap[m];
-          s[m] = *sp[m];
-        }
-        ap[m] += kMmaLanes;
-        sp[m] += 8;
-      }
-      ++next;
-    };
-    load(wq[0], sq[0]);
-    load(wq[1], sq[1]);
-    stager.load(0, chunks, groups);
-    ahead.load(1, chunks, groups);
-    stager.store(sh, 0, chunks);
-    stager.regs[0][0] = ahead.regs[0][0], stager.regs[0][1] = ahead.regs[0][1];
-    stager.regs[1][0] = ahead.regs[1][0], stager.regs[1][1] = ahead.regs[1][1];
-    __syncthreads();
-
+      return split + (v / 32) * kSplitQuadsPerBlock;
+    });
+    Mxfp4WarpgroupA a_src(a, e, j0, lane, chunks);
     float acc[MT][NT][4];
-    int c = 0;
-    for (int quarter = 0; quarter < kMmaGroups; ++quarter) {
-      const MmaQuarter qr = mma_quarter(chunks, quarter);
-      zero_tiles(acc);
-      for (; c < qr.end; ++c) {  // block-uniform
-        ahead.load(c + 2, chunks, groups);
-        uint4 w[MT];
-        uint32_t s[MT];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          w[m] = wq[0][m], s[m] = sq[0][m];
-          wq[0][m] = wq[1][m], sq[0][m] = sq[1][m];
-        }
-        load(wq[1], sq[1]);
-        const bool small_scales = mxfp4_small_scales(s);
-        const uint8_t* const stage = sh.staged[c % kWarpgroupStages];
-        static_for<2>([&](auto b_) {
-          constexpr int b = decltype(b_)::value;
-          if (2 * c + b >= groups) return;  // block-uniform
-          uint32_t ar[MT][2][4], af[MT][2][4];
-          mxfp4_chunk_block<b>(w, s, small_scales, ar);
-          mma_a_fragments(ar, af);
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-            wgmma_fence_operands(reinterpret_cast<float(&)[4 * NT]>(acc[m]));
-          wgmma_fence();
-#pragma unroll
-          for (int step = 0; step < 2; ++step) {
-            const uint64_t desc = wgmma_smem_desc(stage + (2 * b + step) * kWarpgroupStepBytes,
-                                                  kWarpgroupStepBytes / 2, 128);
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-              wgmma_bf16_m64n64k16(reinterpret_cast<float(&)[4 * NT]>(acc[m]), af[m][step], desc);
-          }
-        });
-        wgmma_commit_group();
-        // This warp's products of chunk c - 1 are done; every warp's products of chunk c - 2 were
-        // done before the barrier of the chunk before, so its stage (= c + 1 modulo three) may be
-        // written.
-        wgmma_wait_group<1>();
-        stager.store(sh, c + 1, chunks);
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-          for (int b = 0; b < 2; ++b) stager.regs[u][b] = ahead.regs[u][b];
-        __syncthreads();
-      }
-      wgmma_wait_group<0>();
-#pragma unroll
-      for (int m = 0; m < MT; ++m) wgmma_fence_operands(reinterpret_cast<float(&)[4 * NT]>(acc[m]));
-      sh.quarters.fold(quarter, warp, lane, acc);
-    }
+    warpgroup_tile_products<2>(sh, stager, chunks, groups, warp, lane, a_src, acc);
 
     // The warp writes its rows: lane holds rows j0 + 16 m + {g, g + 8}, columns 8 j + 2 t + {0, 1}.
 #pragma unroll
@@ -1059,7 +953,7 @@ void launch_mma(const MoeArgs& a, int pairs, const int32_t* routing, const uint4
       return;
     }
   }
-  if constexpr (NT == kWarpgroupPairs / 8) {  // one warpgroup on 128 rows of 64 pairs
+  if constexpr (NT == kWarpgroupColTiles) {  // one warpgroup on 128 rows of 64 pairs
     static_assert(P == 1, "the warpgroup tiles take the bf16 path's one part");
     const auto kernel = &f32_mxfp4w_moe_wgmma<kSwiGLU>;
     HIP_CHECK(hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -1125,7 +1019,7 @@ MoeTiling moe_tiling(int64_t pairs, int experts, bool warpgroup) {
   // About kWarpgroupMinPairs per expert or more, where the warpgroup tiles run (bf16 on Hopper):
   // 128 rows by 64 pairs.
   if (warpgroup && pairs >= kWarpgroupMinPairs * int64_t(experts))
-    return {true, 2, kWarpgroupPairs / 8, true, true};
+    return {true, 2, kWarpgroupColTiles, true, true};
   // About 16 pairs per expert or more: 128-row by 16-pair tiles (prefill's 512 per expert too);
   // 8 or more, 128 by 8; fewer, 32 by 8, the four warps of a block on a quarter of the input each
   // (at 1-4 pairs per expert the wide blocks were 3-9 % slower: too few blocks;
@@ -1147,9 +1041,9 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
                         " (row, slot) pairs exceed the kernel's int32 pair index");
   const int mt = tiling.m_tiles, nt = tiling.n_tiles;
   if (tiling.warpgroup) {
-    PARITY_DEVICE_REQUIRE(mt == 2 && nt == kWarpgroupPairs / 8 && tiling.grouped && tiling.wide,
+    PARITY_DEVICE_REQUIRE(mt == 2 && nt == kWarpgroupColTiles && tiling.grouped && tiling.wide,
                           "launch_f32_moe_linear: the warpgroup tiles are 2 x 16 rows by ",
-                          kWarpgroupPairs / 8, " x 8 pairs, grouped");
+                          kWarpgroupColTiles, " x 8 pairs, grouped");
     PARITY_DEVICE_REQUIRE(ws.precision == Precision::bf16 && warpgroup_mma_available(),
                           "launch_f32_moe_linear: the warpgroup tiles take the bf16 precision on a "
                           "GPU with warpgroup MMA (sm_90a built, compute capability 9.0)");
@@ -1193,7 +1087,7 @@ void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int b
   const auto launch = [&]<int P>() {
     if constexpr (P == 1) {
       if (tiling.warpgroup) {
-        constexpr int kNt = kWarpgroupPairs / 8;
+        constexpr int kNt = kWarpgroupColTiles;
         if (act != nullptr)
           launch_mma<P, true, 2, kNt>(a, np, routing, split, tiles_bound, true, stream);
         else

@@ -95,10 +95,14 @@ namespace detail {
 // The MMA tiling behind launch_f32_gemv_bias, callable with either so that the kernel tests
 // compare them bit for bit: quarter tiles (a block's four warps on the same 32 or 16 rows, a
 // quarter of the input each) or wide (128 rows a block, each warp 32 of them over the whole
-// input, the batch rows' split inputs staged once per block; batch 32 and more). gemv_wide says
-// which the entry point takes for `rows` output rows at `batch`.
-enum class GemvTiling { automatic, quarter, wide };
+// input, the batch rows' split inputs staged once per block; batch 32 and more), or warpgroup
+// (Hopper's wgmma: 128 rows by 64 batch rows a block; the bf16 precision where
+// warpgroup_mma_available()). gemv_wide says which of the first two the entry point takes for
+// `rows` output rows at `batch`, gemv_warpgroup whether it takes the warpgroup tiles where they
+// run.
+enum class GemvTiling { automatic, quarter, wide, warpgroup };
 bool gemv_wide(int rows, int batch);
+bool gemv_warpgroup(int rows, int batch);
 void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const float* x, int ldx,
                                 int batch, float* y, int ldy, GemvResidual residual,
                                 SplitInput split, GemvTiling tiling, hipStream_t stream);

@@ -21,6 +21,7 @@
 
 #include "device/device_math.h"
 #include "device/mma_tiles.h"
+#include "device/warpgroup_tiles.h"
 
 namespace parity::device {
 namespace {
@@ -117,6 +118,39 @@ __device__ __forceinline__ int segment_of(const MmaArgs& a, int row, int& j) {
   const int s = row < a.row_end[0] ? 0 : row < a.row_end[1] ? 1 : 2;
   j = s == 0 ? row : s == 1 ? row - a.row_end[0] : row - a.row_end[1];
   return s;
+}
+
+// A warp's share of a tile's outputs, written with the bias (and the residual epilogue): lane
+// (g, t) holds rows j0 + 16 m + {g, g + 8} and batch rows b0 + 8 jt + 2 t + {0, 1} (nb of the
+// tile's batch rows live; rows past `rows` are not written).
+template <int MT, int NT>
+__device__ __forceinline__ void write_warp_rows(const MmaArgs& a, int rows, int j0, int b0, int nb,
+                                                int g, int t, const float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = j0 + 16 * m + 8 * h + g;
+      if (row >= rows) continue;
+      int j;
+      const int s = segment_of(a, row, j);
+      const float* bias = pick(a.bias, s);
+      const int col = pick(a.y_col, s) + j;
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int n = 8 * jt + 2 * t + cc, i = 2 * h + cc;
+          if (n >= nb) continue;
+          const float sum = acc[m][jt][i];
+          const float v = bias != nullptr ? sum + bias[j] : sum;
+          a.y[int64_t(b0 + n) * a.ldy + col] = v;
+          if (a.resid_out != nullptr) {
+            const int64_t at = int64_t(b0 + n) * a.ld_res + col;
+            a.resid_out[at] = a.residual[at] + v;
+          }
+        }
+    }
 }
 
 // Block b of a chunk's weights (w[m][h][b]: the lane's weights 8t .. 8t+7 of row g + 8 h of row
@@ -423,34 +457,119 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       quarters.fold(quarter, group, lane, acc, s01);
     }
 
-    // The group writes its rows: lane holds rows j0 + 16 m + {g, g + 8}, batch rows
-    // b0 + 8 jt + 2 t + {0, 1}.
+    write_warp_rows(a, rows, j0, b0, nb, g, t, acc);
+  }
+}
+
+// ----------------------------------------------------- warpgroup tiles (wgmma, bf16) ---
+// Batched steps on the bf16 path where the GPU has Hopper's warpgroup MMA
+// (warpgroup_mma_available; detail::gemv_warpgroup says when): 128 rows by kWarpgroupCols batch
+// rows per block (device/warpgroup_tiles.h), a warp pairing its 32 rows' BF16 weights into A
+// registers as the wide tiles do, one chunk ahead. grid (ceil(rows / 128), min(ceil(batch /
+// kWarpgroupCols), 65535)), the block walking the batch tiles along y.
+#if PARITY_DEVICE_WGMMA
+struct Bf16WarpgroupA {
+  static constexpr int MT = kWarpgroupRowTiles;
+  const uint4* ap[MT][2];
+  int next_chunk, chunks, groups;
+  uint4 wq[MT][2][2], w[MT][2][2];
+  // ap0[m][h]: weights 8t .. 8t+7 of block 0 of row j0 + 16 m + 8 h + g.
+  __device__ __forceinline__ Bf16WarpgroupA(const uint4* const (&ap0)[MT][2], int chunks_,
+                                            int groups_)
+      : next_chunk(0), chunks(chunks_), groups(groups_) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) ap[m][h] = ap0[m][h];
+    load(wq);
+  }
+  __device__ __forceinline__ void load(uint4 (&wl)[MT][2][2]) {
+    const bool live = next_chunk < chunks, live1 = live && 2 * next_chunk + 1 < groups;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = j0 + 16 * m + 8 * h + g;
-        if (row >= rows) continue;
-        int j;
-        const int s = segment_of(a, row, j);
-        const float* bias = pick(a.bias, s);
-        const int col = pick(a.y_col, s) + j;
-#pragma unroll
-        for (int jt = 0; jt < NT; ++jt)
-#pragma unroll
-          for (int cc = 0; cc < 2; ++cc) {
-            const int n = 8 * jt + 2 * t + cc, i = 2 * h + cc;
-            if (n >= nb) continue;
-            const float sum = acc[m][jt][i];
-            const float v = bias != nullptr ? sum + bias[j] : sum;
-            a.y[int64_t(b0 + n) * a.ldy + col] = v;
-            if (a.resid_out != nullptr) {
-              const int64_t at = int64_t(b0 + n) * a.ld_res + col;
-              a.resid_out[at] = a.residual[at] + v;
-            }
-          }
+        if (live) {
+          wl[m][h][0] = ap[m][h][0];
+          wl[m][h][1] = live1 ? ap[m][h][4] : uint4{0, 0, 0, 0};
+        }
+        ap[m][h] += 8;
       }
+    ++next_chunk;
   }
+  __device__ __forceinline__ void next() {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) w[m][h][b] = wq[m][h][b];
+    load(wq);
+  }
+  template <int b>
+  __device__ __forceinline__ void block(uint32_t (&ar)[MT][2][4]) const {
+    bf16_block_pairs(w, b, ar);
+  }
+};
+#endif  // PARITY_DEVICE_WGMMA
+
+__global__ void __launch_bounds__(kMmaThreads, kWarpgroupBlocksPerSm)
+    f32_bf16w_wgmma(const MmaArgs a, const uint4* split) {
+#if PARITY_DEVICE_WGMMA
+  constexpr int MT = kWarpgroupRowTiles, NT = kWarpgroupColTiles, kCols = kWarpgroupCols;
+  extern __shared__ __align__(128) uint8_t shared_bytes[];
+  WarpgroupShared& sh = *reinterpret_cast<WarpgroupShared*>(shared_bytes);
+  const int lane = int(threadIdx.x) % kMmaLanes, warp = int(threadIdx.x) / kMmaLanes;
+  const int g = lane / 4, t = lane % 4;
+  const int rows = pick(a.row_end, a.nseg - 1);
+  const int j0 = int(blockIdx.x) * kWideRows + 32 * warp;  // the warp's first row
+  const int groups = a.in / 32, chunks = (groups + 1) / 2;
+  const uint4* ap0[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int j;
+      const int s = segment_of(a, min(j0 + 16 * m + 8 * h + g, rows - 1), j);
+      ap0[m][h] = reinterpret_cast<const uint4*>(pick(a.w, s) + int64_t(j) * a.in) + t;
+    }
+  const int tiles = (a.batch + kCols - 1) / kCols;
+  bool first_tile = true;
+  for (int tile = int(blockIdx.y); tile < tiles; tile += int(gridDim.y)) {  // block-uniform
+    const int b0 = tile * kCols, nb = min(kCols, a.batch - b0);
+    Bf16WarpgroupA a_src(ap0, chunks, groups);
+    if (first_tile) {
+      // The kernel before writes the split inputs (launch_programmatic): the weights' first
+      // loads overlap its end.
+      wait_for_previous_grid();
+      allow_next_grid_start();
+      first_tile = false;
+    }
+    __syncthreads();  // every warp's products of the tile before have read their stages
+    // The staging: a batch row past the batch stages the tile's first (never written).
+    const WarpgroupStager stager(warp, lane, [&](int n) {
+      return split + int64_t(b0 + (n < nb ? n : 0)) * (a.ldx / 32) * kSplitQuadsPerBlock;
+    });
+    float acc[MT][NT][4];
+    warpgroup_tile_products<1>(sh, stager, chunks, groups, warp, lane, a_src, acc);
+
+    write_warp_rows(a, rows, j0, b0, nb, g, t, acc);
+  }
+#else
+  (void)a, (void)split;  // not built for this target; never launched here
+#endif
+}
+
+void launch_wgmma(const MmaArgs& a, const uint4* split, hipStream_t stream) {
+  const int rows = a.row_end[a.nseg - 1];
+  const auto kernel = &f32_bf16w_wgmma;
+  HIP_CHECK(hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                hipFuncAttributeMaxDynamicSharedMemorySize, kWarpgroupSharedBytes));
+  const dim3 grid(unsigned(ceil_div(rows, kWideRows)),
+                  unsigned(std::min(ceil_div(a.batch, kWarpgroupCols), 65535)));
+  HIP_CHECK(launch_programmatic(kernel, grid, dim3(kMmaThreads), kWarpgroupSharedBytes, stream, a,
+                                split));
+  HIP_LAUNCH_CHECK("f32_bf16w_wgmma", stream);
 }
 
 // When the large tiles (batch 32 and more) go wide (f32_bf16w_mma_wide): prefill's steps of 1,024
@@ -462,6 +581,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 // wave and a fifth; the step measured the same either way). Below batch 32, wide blocks of 8
 // batch rows gave lm_head nothing at batch 1 and 8 (docs/measurements.md).
 constexpr int kMinWideBatchTiles = 32;
+// The warpgroup tiles (bf16 on Hopper) from kWarpgroupCols batch rows where the launch has at
+// least this many blocks of 128 rows by kWarpgroupCols: half of an H100's SMs (below, the quarter
+// tiles' four times as many blocks keep more of the GPU busy: qkv and o_proj at batch 64).
+constexpr int64_t kMinWarpgroupBlocks = 64;
 constexpr int64_t kMinWideBlocks = 512;
 
 // Batch tiles up to which they go along x (kTilesAlongX): measured at batch 1 and 64 (one and
@@ -521,6 +644,12 @@ void launch_rb(const GemvArgs<W>& a, bool vec, int grid_x, hipStream_t stream) {
 }  // namespace
 
 namespace detail {
+
+bool gemv_warpgroup(int rows, int batch) {
+  return batch >= kWarpgroupCols &&
+         int64_t(ceil_div(rows, kWideRows)) * ceil_div(batch, kWarpgroupCols) >=
+             kMinWarpgroupBlocks;
+}
 
 bool gemv_wide(int rows, int batch) {
   if (batch < 32) return false;
@@ -592,6 +721,16 @@ void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const flo
     a.resid_out = residual.out;
     a.ld_res = residual.ld;
     const uint4* sp = reinterpret_cast<const uint4*>(split.words.data());
+    const bool bf16 = split.precision == Precision::bf16;
+    if (tiling == GemvTiling::warpgroup ||
+        (tiling == GemvTiling::automatic && bf16 && warpgroup_mma_available() &&
+         detail::gemv_warpgroup(rows, batch))) {
+      PARITY_DEVICE_REQUIRE(bf16 && warpgroup_mma_available(),
+                            "launch_f32_gemv_bias: the warpgroup tiles take the bf16 precision on "
+                            "a GPU with warpgroup MMA (sm_90a built, compute capability 9.0)");
+      launch_wgmma(a, sp, stream);
+      return;
+    }
     // 32 rows by 32 batch rows per block; small batches 16 by 8, so that o_proj's 2,880 rows
     // still make 180 blocks; either wide (128 rows a block) where detail::gemv_wide says.
     const bool wide = tiling == GemvTiling::automatic ? detail::gemv_wide(rows, batch)
@@ -604,7 +743,7 @@ void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const flo
       else
         launch_mma<P, 1, 1>(a, sp, false, stream);
     };
-    if (split.precision == Precision::bf16)
+    if (bf16)
       launch.template operator()<1>();
     else
       launch.template operator()<kSplitParts>();

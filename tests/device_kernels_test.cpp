@@ -610,20 +610,23 @@ TEST_F(DeviceKernels, GemvMmaBatchPastOneTileAndThreeSegments) {
 }
 
 // The projection's tilings against each other: quarter tiles (four warps on the same rows, a
-// quarter of the input each) and wide tiles (128 rows a block by 32 batch rows) give every output
-// the same bits, and the entry point gives the same bits as both: rows not a multiple of 128, odd
-// blocks of 32 inputs, three segments, the residual epilogue, one to three batch tiles, and
-// 66,000 rows (as lm_head: wide from the entry point); the wide tiles refuse batches below 32.
-// In both precisions.
+// quarter of the input each), wide tiles (128 rows a block by 32 batch rows) and, in bf16 where
+// they run, the warpgroup tiles (128 by 64, wgmma) give every output the same bits, and the entry
+// point gives the same bits as all: rows not a multiple of 128, odd blocks of 32 inputs, three
+// segments, the residual epilogue, one to three batch tiles, 66,000 rows (as lm_head: wide from
+// the entry point) and 8,200 rows by 130 batch rows (warpgroup from the entry point where they
+// run, a partial last row block and batch tile); the wide tiles refuse batches below 32. In both
+// precisions.
 TEST_F(DeviceKernels, GemvWideAndQuarterTilesAgree) {
   struct Shape {
     int out, in, batch, segments;
     bool residual;
   };
   for (const Precision precision : {Precision::fp32, Precision::bf16})
-    for (const Shape sh : {Shape{517, 2880, 32, 1, false}, Shape{300, 96, 40, 3, false},
-                           Shape{517, 512, 64, 1, true}, Shape{260, 2880, 33, 1, false},
-                           Shape{300, 96, 70, 1, true}, Shape{66000, 64, 40, 1, false}}) {
+    for (const Shape sh :
+         {Shape{517, 2880, 32, 1, false}, Shape{300, 96, 40, 3, false},
+          Shape{517, 512, 64, 1, true}, Shape{260, 2880, 33, 1, false}, Shape{300, 96, 70, 1, true},
+          Shape{66000, 64, 40, 1, false}, Shape{8200, 96, 130, 1, true}}) {
       SCOPED_TRACE(fmt::format("out={} in={} batch={} segments={} residual={} {}", sh.out, sh.in,
                                sh.batch, sh.segments, sh.residual,
                                precision == Precision::bf16 ? "bf16" : "fp32"));
@@ -666,6 +669,12 @@ TEST_F(DeviceKernels, GemvWideAndQuarterTilesAgree) {
       EXPECT_EQ(std::memcmp(quarter.data(), wide.data(), quarter.size() * sizeof(float)), 0);
       EXPECT_EQ(std::memcmp(quarter.data(), entry.data(), quarter.size() * sizeof(float)), 0);
       EXPECT_EQ(detail::gemv_wide(sh.out, sh.batch), sh.out == 66000) << "the entry point's tiling";
+      EXPECT_EQ(detail::gemv_warpgroup(sh.out, sh.batch), sh.out == 8200)
+          << "the entry point's tiling where the warpgroup tiles run";
+      if (precision == Precision::bf16 && warpgroup_mma_available()) {
+        const std::vector<float> warpgroup = run(detail::GemvTiling::warpgroup);
+        EXPECT_EQ(std::memcmp(quarter.data(), warpgroup.data(), quarter.size() * sizeof(float)), 0);
+      }
     }
   std::mt19937_64 rng(8);
   const HostMatrix w = random_matrix(rng, WeightType::bf16, size_t(256) * 64);
