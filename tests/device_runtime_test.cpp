@@ -23,6 +23,7 @@
 #include "device/runtime/kv_blocks.h"
 #include "device/runtime/memory_report.h"
 #include "device/runtime/options.h"
+#include "device/runtime/shard_plan.h"
 #include "device/runtime/step_layout.h"
 #include "device/runtime/weight_plan.h"
 #include "model/checkpoint.h"
@@ -522,6 +523,111 @@ TEST(WeightPlan, PacksMxfp4ExpertsIntoWholeTilesAndChunks) {
     }
   EXPECT_EQ(packed, 4 * model->config.num_hidden_layers);
   EXPECT_EQ(plan.find(model->lm_head.weight).pack, WeightEntry::Pack::none);
+}
+
+// One rank's part of each tensor under tensor parallelism (plan_weights with a ShardPlan), on the
+// tiny model (4 query heads, 2 KV heads, 8 experts, intermediate 64: two MXFP4 blocks) split over
+// two ranks both ways: each split tensor's bytes are held exactly once between the ranks, each
+// replicated one by every rank; the ranks' slices tile the split dimension; the sizes are those of
+// the shard plan's ranges; a group of one holds what the unsharded plan holds.
+TEST(WeightPlan, ShardsHoldEverySplitTensorOnceAndTheRestOnEveryRank) {
+  const auto model = Model::load(test::tiny_model_dir());
+  const Config& c = model->config;
+  const WeightPlan one = plan_weights(*model);
+  for (const ExpertSplit split : {ExpertSplit::by_expert, ExpertSplit::by_intermediate}) {
+    SCOPED_TRACE(expert_split_name(split));
+    const WeightPlan alone = plan_weights(*model, ShardPlan::of(c, 1, 0, split));
+    ASSERT_EQ(alone.entries.size(), one.entries.size());
+    EXPECT_EQ(alone.total, one.total);
+    for (size_t i = 0; i < one.entries.size(); ++i) {
+      EXPECT_EQ(alone.entries[i].tensor, one.entries[i].tensor);
+      EXPECT_EQ(alone.entries[i].bytes, one.entries[i].bytes) << one.entries[i].tensor->name;
+      EXPECT_EQ(alone.entries[i].offset, one.entries[i].offset) << one.entries[i].tensor->name;
+      EXPECT_EQ(alone.entries[i].slice, one.entries[i].slice) << one.entries[i].tensor->name;
+    }
+
+    constexpr int kDegree = 2;
+    std::vector<ShardPlan> shards;
+    std::vector<WeightPlan> plans;
+    for (int r = 0; r < kDegree; ++r) {
+      shards.push_back(ShardPlan::of(c, kDegree, r, split));
+      plans.push_back(plan_weights(*model, shards.back()));
+      ASSERT_EQ(plans.back().entries.size(), one.entries.size());
+      EXPECT_LT(plans.back().total, one.total);
+    }
+    // The tensors every rank holds whole; mlp2's packed blocks and scales.
+    std::set<const TensorView*> replicated = {model->embed, model->final_norm}, mlp2_packed;
+    for (const LayerWeights& l : model->layers) {
+      replicated.insert({l.attn_norm, l.ffn_norm, l.router.weight, l.router.bias, l.o.bias});
+      if (split == ExpertSplit::by_intermediate) replicated.insert(l.mlp2.bias);
+      mlp2_packed.insert({l.mlp2.blocks, l.mlp2.scales});
+    }
+    int split_tensors = 0;
+    for (size_t i = 0; i < one.entries.size(); ++i) {
+      const WeightEntry& whole = one.entries[i];
+      const std::string& name = whole.tensor->name;
+      size_t sum = 0;
+      std::vector<WeightSlice> slices;
+      for (const WeightPlan& p : plans) {
+        EXPECT_EQ(p.entries[i].tensor, whole.tensor);
+        sum += p.entries[i].bytes;
+        slices.push_back(p.entries[i].slice);
+      }
+      if (replicated.count(whole.tensor) != 0) {
+        EXPECT_EQ(slices[0], whole.slice) << name;
+        EXPECT_EQ(slices[1], whole.slice) << name;
+        EXPECT_EQ(sum, kDegree * whole.bytes) << name << ": replicated";
+        continue;
+      }
+      // A split tensor: the ranks' slices tile the one dimension they split, in rank order.
+      ++split_tensors;
+      int dims_split = 0;
+      for (const auto member : {&WeightSlice::experts, &WeightSlice::rows, &WeightSlice::cols}) {
+        if (slices[0].*member == slices[1].*member) {
+          EXPECT_EQ(slices[0].*member, whole.slice.*member) << name;
+          continue;
+        }
+        ++dims_split;
+        EXPECT_EQ((slices[0].*member).begin, (whole.slice.*member).begin) << name;
+        EXPECT_EQ((slices[0].*member).end, (slices[1].*member).begin) << name;
+        EXPECT_EQ((slices[1].*member).end, (whole.slice.*member).end) << name;
+      }
+      EXPECT_EQ(dims_split, 1) << name;
+      // Packed MXFP4 pads each rank's slice to whole row tiles and chunks of two blocks: mlp2's
+      // input split by_intermediate gives each rank one block of 32 here, padded to a chunk.
+      if (whole.pack == WeightEntry::Pack::none)
+        EXPECT_EQ(sum, whole.bytes) << name << ": split";
+      else if (split == ExpertSplit::by_intermediate && mlp2_packed.count(whole.tensor) != 0)
+        EXPECT_EQ(sum, 2 * whole.bytes) << name << ": split, each rank's block padded";
+      else
+        EXPECT_EQ(sum, whole.bytes) << name << ": split in whole tiles and chunks";
+    }
+    // Per layer q, k and v with their biases, o_proj, the sinks, mlp1 and mlp2 (blocks and scales
+    // each), mlp1's bias, and mlp2's by_expert; and lm_head.
+    EXPECT_EQ(split_tensors, c.num_hidden_layers * (3 * 2 + 1 + 1 + 2 + 2 + 1 +
+                                                    (split == ExpertSplit::by_expert ? 1 : 0)) +
+                                 1);
+
+    // The sizes follow the shard plan's ranges.
+    const LayerWeights& l = model->layers[1];
+    for (int r = 0; r < kDegree; ++r) {
+      const ShardPlan& s = shards[size_t(r)];
+      const WeightPlan& p = plans[size_t(r)];
+      EXPECT_EQ(p.find(l.q.weight).bytes, size_t(s.q_rows.size()) * c.hidden_size * 2);
+      EXPECT_EQ(p.find(l.k.bias).bytes, size_t(s.k_rows.size()) * sizeof(float));
+      EXPECT_EQ(p.find(l.o.weight).slice.cols, s.o_proj_cols);
+      EXPECT_EQ(p.find(l.sinks).bytes, size_t(s.q_heads.size()) * sizeof(float));
+      EXPECT_EQ(p.find(model->lm_head.weight).bytes, size_t(s.vocab.size()) * c.hidden_size * 2);
+      const WeightEntry& b1 = p.find(l.mlp1.blocks);
+      const WeightEntry& b2 = p.find(l.mlp2.blocks);
+      EXPECT_EQ(b1.experts, s.experts.size());
+      EXPECT_EQ(b1.out, 2 * s.intermediate.size());
+      EXPECT_EQ(b2.in, s.intermediate.size());
+      EXPECT_EQ(b1.bytes, size_t(Mxfp4Packing(b1.out, b1.in).block_bytes(b1.experts)));
+      EXPECT_EQ(p.find(l.mlp2.scales).bytes,
+                size_t(Mxfp4Packing(b2.out, b2.in).scale_bytes(b2.experts)));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------- memory report ---
