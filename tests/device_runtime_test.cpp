@@ -709,6 +709,40 @@ TEST(MemoryReport, RefusesAModelThatDoesNotFitWithTheSizes) {
   EXPECT_FALSE(none.fits());
 }
 
+// One rank of a tensor-parallel group (the 120b over two GPUs): its KV blocks hold its four of
+// the eight KV heads, so the same bytes hold twice the blocks; the report and the refusal name
+// the rank; a group of one is the unsharded report.
+TEST(MemoryReport, ARankHoldsItsKvHeadsAndIsNamed) {
+  const Config c = synth_preset("120b").config;
+  DeviceOptions o;
+  o.kv_bytes = 3 * kGiB;
+  const MemoryReport whole =
+      MemoryReport::plan(o, c, 4096, weights_of(61 * kGiB), "GPU (x)", 75 * kGiB, 80 * kGiB);
+  const ShardPlan one = ShardPlan::of(c, 1, 0, ExpertSplit::by_expert);
+  const MemoryReport alone =
+      MemoryReport::plan(o, c, 4096, weights_of(61 * kGiB), "GPU (x)", 75 * kGiB, 80 * kGiB, &one);
+  EXPECT_EQ(alone.kv_blocks, whole.kv_blocks);
+  EXPECT_EQ(alone.text(), whole.text());
+  EXPECT_EQ(whole.text().find("tensor parallel"), std::string::npos);
+
+  const ShardPlan shard = ShardPlan::of(c, 2, 1, ExpertSplit::by_expert);
+  const MemoryReport r = MemoryReport::plan(o, c, 4096, weights_of(31 * kGiB), "GPU (x)", 75 * kGiB,
+                                            80 * kGiB, &shard);
+  EXPECT_EQ(r.kv.kv_dim, c.kv_dim() / 2);
+  EXPECT_EQ(2 * r.kv.block_bytes(), whole.kv.block_bytes());
+  EXPECT_EQ(r.kv_blocks, int(3 * kGiB / r.kv.block_bytes()));
+  EXPECT_EQ(r.sequence_blocks, whole.sequence_blocks);  // positions, not heads
+  EXPECT_TRUE(r.fits());
+  EXPECT_THAT(r.text(), HasSubstr("tensor parallel: rank 1 of 2"));
+  DeviceOptions big = o;
+  big.kv_bytes = 60 * kGiB;
+  const MemoryReport over = MemoryReport::plan(big, c, 4096, weights_of(31 * kGiB), "GPU (x)",
+                                               75 * kGiB, 80 * kGiB, &shard);
+  EXPECT_FALSE(over.fits());
+  EXPECT_THAT(over.refusal("/models/120b"),
+              HasSubstr("/models/120b (tensor parallel rank 1 of 2): the model does not fit"));
+}
+
 TEST(MemoryReport, FormatsBytes) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(1536), "1.5 KiB");

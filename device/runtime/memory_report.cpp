@@ -18,8 +18,9 @@ std::string format_bytes(size_t b) {
 
 MemoryReport MemoryReport::plan(const DeviceOptions& o, const Config& c, int max_context,
                                 const WeightPlan& weights, std::string device, size_t free_bytes,
-                                size_t total_bytes) {
+                                size_t total_bytes, const ShardPlan* shard) {
   MemoryReport r;
+  if (shard != nullptr) r.degree = shard->degree, r.rank = shard->rank;
   r.device = std::move(device);
   r.free_bytes = free_bytes;
   r.total_bytes = total_bytes;
@@ -29,6 +30,7 @@ MemoryReport MemoryReport::plan(const DeviceOptions& o, const Config& c, int max
   r.arena_bytes = ArenaLayout::of(c, o.arena_rows, max_context).bytes;
   r.scores_bytes = device::scores_bytes(scores_floats_for_one_row(c, max_context));
   r.kv = KvLayout::of(c, o.kv_block_size);
+  if (shard != nullptr) r.kv.kv_dim = shard->kv_heads.size() * c.head_dim;  // its KV heads
   r.max_context = max_context;
   r.sequence_blocks = r.kv.blocks_per_sequence(max_context, o.arena_rows);
   const size_t block = r.kv.block_bytes();
@@ -57,20 +59,31 @@ std::string MemoryReport::text() const {
   if (kv.has_group(kKvSlidingGroup))
     groups += fmt::format("{}{} sliding layers only their window of {}", groups.empty() ? "" : ", ",
                           kv.layers_in_group[1], kv.window);
+  const std::string rank_line =
+      degree > 1 ? fmt::format(
+                       "  tensor parallel: rank {} of {}: its part of the weights, its KV "
+                       "heads; the activations as one GPU's step\n",
+                       rank, degree)
+                 : std::string();
   return fmt::format(
       "device runtime on {}: {} free of {}\n"
+      "{}"
       "  weights      {} ({})\n"
       "  KV cache     {}: {} blocks of {} positions x {} layers x {} x K,V x f32 ({} each); a "
       "sequence of {} positions holds up to {} blocks ({}): room for {}\n"
       "  activations  {} for {} rows per step, scores/att {} (both grow with the step)\n"
       "  total        {}\n",
-      device, format_bytes(free_bytes), format_bytes(total_bytes), format_bytes(weights_bytes),
-      by_kind, format_bytes(kv_bytes()), kv_blocks, kv.block_size, kv.slots, kv.kv_dim,
-      format_bytes(kv.block_bytes()), max_context, sequence_blocks, groups, sequences(),
-      format_bytes(arena_bytes), arena_rows, format_bytes(scores_bytes), format_bytes(need()));
+      device, format_bytes(free_bytes), format_bytes(total_bytes), rank_line,
+      format_bytes(weights_bytes), by_kind, format_bytes(kv_bytes()), kv_blocks, kv.block_size,
+      kv.slots, kv.kv_dim, format_bytes(kv.block_bytes()), max_context, sequence_blocks, groups,
+      sequences(), format_bytes(arena_bytes), arena_rows, format_bytes(scores_bytes),
+      format_bytes(need()));
 }
 
-std::string MemoryReport::refusal(const std::string& model) const {
+std::string MemoryReport::refusal(const std::string& model_name) const {
+  const std::string model =
+      degree > 1 ? fmt::format("{} (tensor parallel rank {} of {})", model_name, rank, degree)
+                 : model_name;
   if (need() > free_bytes)
     return fmt::format(
         "{}: the model does not fit on {}: weights {} + activations {} + KV cache {} ({} blocks "

@@ -11,6 +11,7 @@
 #include "device/runtime/arena_layout.h"
 #include "device/runtime/kv_blocks.h"
 #include "device/runtime/options.h"
+#include "device/runtime/shard_plan.h"
 #include "device/runtime/weight_plan.h"
 
 namespace parity::device {
@@ -35,11 +36,16 @@ struct MemoryReport {
   // Sequences of max_context positions the pool holds at once.
   int sequences() const { return sequence_blocks > 0 ? kv_blocks / sequence_blocks : 0; }
 
+  // Tensor parallelism: this device is rank `rank` of `degree` (1: the whole model).
+  int degree = 1, rank = 0;
+
   // Decides the KV pool's size from the options (kv_bytes, else kv_sequences, else the free
-  // fraction of what the weights and activations leave free) and fills every field.
+  // fraction of what the weights and activations leave free) and fills every field. With a shard
+  // plan, for that rank: `weights` is its part (plan_weights with the plan), its KV blocks hold
+  // its KV heads only; the activations are still counted as one GPU's whole step, an upper bound.
   static MemoryReport plan(const DeviceOptions& o, const Config& c, int max_context,
                            const WeightPlan& weights, std::string device, size_t free_bytes,
-                           size_t total_bytes);
+                           size_t total_bytes, const ShardPlan* shard = nullptr);
 
   size_t need() const { return weights_bytes + arena_bytes + scores_bytes + kv_bytes(); }
   // Everything fits in the free memory and the pool holds one sequence of max_context positions.
