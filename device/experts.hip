@@ -1014,17 +1014,22 @@ size_t moe_routing_ints(int64_t pairs, int experts) {
 
 namespace detail {
 
-MoeTiling moe_tiling(int64_t pairs, int experts, bool warpgroup) {
+MoeTiling moe_tiling(int64_t pairs, int experts, Precision precision, bool warpgroup) {
   if (pairs <= kPairModeMaxPairs) return {false, 2, 1, false};
   // About kWarpgroupMinPairs per expert or more, where the warpgroup tiles run (bf16 on Hopper):
-  // 128 rows by 64 pairs.
+  // 128 rows by 64 pairs (from 12 and 24 per expert they made batch 128 and 256 slower than the
+  // 16-pair tiles: docs/measurements.md).
   if (warpgroup && pairs >= kWarpgroupMinPairs * int64_t(experts))
     return {true, 2, kWarpgroupColTiles, true, true};
-  // About 16 pairs per expert or more: 128-row by 16-pair tiles (prefill's 512 per expert too);
-  // 8 or more, 128 by 8; fewer, 32 by 8, the four warps of a block on a quarter of the input each
-  // (at 1-4 pairs per expert the wide blocks were 3-9 % slower: too few blocks;
-  // docs/measurements.md).
-  if (pairs >= 16 * int64_t(experts)) return {true, 2, 2, true};
+  // About 16 pairs per expert or more (8 on the bf16 path): 128-row by 16-pair tiles (prefill's
+  // 512 per expert too); 8 or more, 128 by 8; fewer, 32 by 8, the four warps of a block on a
+  // quarter of the input each (at 1-4 pairs per expert the wide blocks were 3-9 % slower: too
+  // few blocks). The bf16 path's one part makes a tile's MMA steps a third of the fp32 path's,
+  // so at 8 per expert the 16-pair tiles, which read most experts' weights once where the 8-pair
+  // tiles read them about 1.5 times, took mlp1 and mlp2 from 213 and 115 to 185 and 100 us at
+  // batch 64 (docs/measurements.md).
+  const int64_t wide16 = precision == Precision::bf16 ? 8 : 16;
+  if (pairs >= wide16 * int64_t(experts)) return {true, 2, 2, true};
   if (pairs >= 8 * int64_t(experts)) return {true, 2, 1, true};
   return {true, 2, 1, false};
 }
@@ -1125,7 +1130,7 @@ void launch_f32_moe_linear(const ExpertWeights& w, const int32_t* idx, int batch
   if (w.mxfp4) {
     const bool routable = w.experts <= kMaxRoutedExperts;
     detail::MoeTiling tiling =
-        detail::moe_tiling(int64_t(batch) * k, w.experts,
+        detail::moe_tiling(int64_t(batch) * k, w.experts, ws.precision,
                            ws.precision == Precision::bf16 && warpgroup_mma_available());
     if (!routable) tiling = {false, 2, 1};
     detail::launch_f32_mxfp4w_moe_mma(w, idx, batch, k, x, x_row_stride, x_slot_stride, y, act,

@@ -92,16 +92,18 @@ void launch_f32_gemv_bias(std::span<const GemvSegment> segments, const float* x,
                           float* y, int ldy, GemvResidual residual, SplitInput split,
                           hipStream_t stream);
 namespace detail {
-// The MMA tiling behind launch_f32_gemv_bias, callable with either so that the kernel tests
+// The MMA tiling behind launch_f32_gemv_bias, callable with each so that the kernel tests
 // compare them bit for bit: quarter tiles (a block's four warps on the same 32 or 16 rows, a
-// quarter of the input each) or wide (128 rows a block, each warp 32 of them over the whole
-// input, the batch rows' split inputs staged once per block; batch 32 and more), or warpgroup
-// (Hopper's wgmma: 128 rows by 64 batch rows a block; the bf16 precision where
-// warpgroup_mma_available()). gemv_wide says which of the first two the entry point takes for
-// `rows` output rows at `batch`, gemv_warpgroup whether it takes the warpgroup tiles where they
-// run.
-enum class GemvTiling { automatic, quarter, wide, warpgroup };
+// quarter of the input each), narrow (the quarter tiles on 16 rows by 32 batch rows; batch 32
+// and more), wide (128 rows a block, each warp 32 of them over the whole input, the batch rows'
+// split inputs staged once per block; batch 32 and more), or warpgroup (Hopper's wgmma: 128 rows
+// by 64 batch rows a block; the bf16 precision where warpgroup_mma_available()). gemv_wide says
+// whether the entry point takes the wide tiles for `rows` output rows at `batch`, gemv_narrow
+// whether it takes the narrow ones at `batch` in `precision` (where neither the wide nor the
+// warpgroup tiles run), gemv_warpgroup whether it takes the warpgroup tiles where they run.
+enum class GemvTiling { automatic, quarter, narrow, wide, warpgroup };
 bool gemv_wide(int rows, int batch);
+bool gemv_narrow(int batch, Precision precision);
 bool gemv_warpgroup(int rows, int batch);
 void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const float* x, int ldx,
                                 int batch, float* y, int ldy, GemvResidual residual,
@@ -254,9 +256,9 @@ struct MoeTiling {
   bool wide = false;
   bool warpgroup = false;  // Hopper's wgmma tiles (bf16; warpgroup_mma_available())
 };
-// The tiling launch_f32_moe_linear takes; `warpgroup`: whether the warpgroup tiles may run (the
-// bf16 precision on a GPU with warpgroup MMA).
-MoeTiling moe_tiling(int64_t pairs, int experts, bool warpgroup);
+// The tiling launch_f32_moe_linear takes for `precision`; `warpgroup`: whether the warpgroup
+// tiles may run (the bf16 precision on a GPU with warpgroup MMA).
+MoeTiling moe_tiling(int64_t pairs, int experts, Precision precision, bool warpgroup);
 void launch_f32_mxfp4w_moe_mma(const ExpertWeights& w, const int32_t* idx, int batch, int k,
                                const float* x, int x_row_stride, int x_slot_stride, float* y,
                                float* act, float alpha, float limit, const MoeWorkspace& ws,

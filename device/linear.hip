@@ -7,7 +7,8 @@
 // (f32_bf16w_mma): x is split into three BF16 parts that sum to it exactly (split_inputs.hip), so
 // every product on the tiles is exact and only float32 accumulations round, in the order of
 // mma_tiles.h (each block of 32 inputs on its own tile, then one float32 add). A block computes 16
-// MT rows by 8 NT batch rows (16 by 8 below 32 batch rows, 32 by 32 from there), each of its four
+// MT rows by 8 NT batch rows (16 by 8 below 32 batch rows, 32 by 32 from there; on the bf16 path
+// 16 by 32 from 32 to 64 batch rows), each of its four
 // groups of 32 lanes over a quarter of the input; prefill's steps take 128 rows by 32 batch rows
 // per block, each group 32 of the rows over the whole input (f32_bf16w_mma_wide); lane 4 g + t
 // loads 8 consecutive weights (16 bytes) of rows g and g + 8 per block of 32 inputs and pairs
@@ -181,8 +182,18 @@ __device__ __forceinline__ void bf16_block_pairs(const uint4 (&w)[MT][2][2], int
 // row's and a batch row's results depend on nothing else). kPartsAsColumns (batch 1): the split
 // inputs' three parts in the tile's columns (mma_block_parts_as_columns), each lane loading one.
 // P: the parts the products use (precision_parts; mma_block).
+// Blocks per SM the register budget is cut for: the small tiles three; the narrow ones (16 rows
+// by 32 batch rows) four: 119 registers on the bf16 path, the only one that takes them unasked
+// (at batch 64 qkv and o_proj took 36 and 31 us on them, 41 and 40 on the 32-row tiles, 200
+// registers and two blocks a SM: docs/measurements.md); the 32-row large tiles one (their
+// registers full).
+template <int MT, int NT>
+constexpr int kMmaBlocksPerSm = NT == 1   ? 3
+                                : MT == 1 ? 4
+                                          : 1;
+
 template <int P, int MT, int NT, bool kTilesAlongX, bool kPartsAsColumns = false>
-__global__ void __launch_bounds__(kMmaThreads, NT == 1 ? 3 : 1)
+__global__ void __launch_bounds__(kMmaThreads, (kMmaBlocksPerSm<MT, NT>))
     f32_bf16w_mma(const MmaArgs a, const uint4* split) {
   constexpr int kRows = 16 * MT, kCols = 8 * NT;
   static_assert(!kPartsAsColumns || NT == 1, "the parts as columns take one batch row");
@@ -651,6 +662,10 @@ bool gemv_warpgroup(int rows, int batch) {
              kMinWarpgroupBlocks;
 }
 
+bool gemv_narrow(int batch, Precision precision) {
+  return precision == Precision::bf16 && batch >= 32 && ceil_div(batch, 32) <= kMaxTilesAlongX;
+}
+
 bool gemv_wide(int rows, int batch) {
   if (batch < 32) return false;
   const int64_t batch_tiles = ceil_div(batch, 32);
@@ -732,13 +747,20 @@ void launch_f32_gemv_bias_tiled(std::span<const GemvSegment> segments, const flo
       return;
     }
     // 32 rows by 32 batch rows per block; small batches 16 by 8, so that o_proj's 2,880 rows
-    // still make 180 blocks; either wide (128 rows a block) where detail::gemv_wide says.
+    // still make 180 blocks; either wide (128 rows a block) where detail::gemv_wide says, or
+    // narrow (16 by 32) where detail::gemv_narrow says (the bf16 path at batch 32 to 64).
     const bool wide = tiling == GemvTiling::automatic ? detail::gemv_wide(rows, batch)
                                                       : tiling == GemvTiling::wide;
-    PARITY_DEVICE_REQUIRE(!wide || batch >= 32, "launch_f32_gemv_bias: the wide tiles take 32 "
-                          "batch rows and more, got ", batch);
+    const bool narrow = tiling == GemvTiling::automatic
+                            ? !wide && detail::gemv_narrow(batch, split.precision)
+                            : tiling == GemvTiling::narrow;
+    PARITY_DEVICE_REQUIRE((!wide && !narrow) || batch >= 32, "launch_f32_gemv_bias: the ",
+                          wide ? "wide" : "narrow", " tiles take 32 batch rows and more, got ",
+                          batch);
     const auto launch = [&]<int P>() {
-      if (batch >= 32)
+      if (narrow)
+        launch_mma<P, 1, 4>(a, sp, false, stream);
+      else if (batch >= 32)
         launch_mma<P, 2, 4>(a, sp, wide, stream);
       else
         launch_mma<P, 1, 1>(a, sp, false, stream);

@@ -615,8 +615,9 @@ TEST_F(DeviceKernels, GemvMmaBatchPastOneTileAndThreeSegments) {
 // point gives the same bits as all: rows not a multiple of 128, odd blocks of 32 inputs, three
 // segments, the residual epilogue, one to three batch tiles, 66,000 rows (as lm_head: wide from
 // the entry point) and 8,200 rows by 130 batch rows (warpgroup from the entry point where they
-// run, a partial last row block and batch tile); the wide tiles refuse batches below 32. In both
-// precisions.
+// run, a partial last row block and batch tile); the narrow tiles (the entry point's on the bf16
+// path at batch 32 to 64) on every shape; the wide and narrow tiles refuse batches below 32. In
+// both precisions.
 TEST_F(DeviceKernels, GemvWideAndQuarterTilesAgree) {
   struct Shape {
     int out, in, batch, segments;
@@ -663,12 +664,17 @@ TEST_F(DeviceKernels, GemvWideAndQuarterTilesAgree) {
         return out;
       };
       const std::vector<float> quarter = run(detail::GemvTiling::quarter);
+      const std::vector<float> narrow = run(detail::GemvTiling::narrow);
       const std::vector<float> wide = run(detail::GemvTiling::wide);
       const std::vector<float> entry = run(detail::GemvTiling::automatic);
       for (size_t i = 0; i < quarter.size(); ++i) ASSERT_FALSE(std::isnan(quarter[i])) << i;
+      EXPECT_EQ(std::memcmp(quarter.data(), narrow.data(), quarter.size() * sizeof(float)), 0);
       EXPECT_EQ(std::memcmp(quarter.data(), wide.data(), quarter.size() * sizeof(float)), 0);
       EXPECT_EQ(std::memcmp(quarter.data(), entry.data(), quarter.size() * sizeof(float)), 0);
       EXPECT_EQ(detail::gemv_wide(sh.out, sh.batch), sh.out == 66000) << "the entry point's tiling";
+      EXPECT_EQ(detail::gemv_narrow(sh.batch, precision),
+                precision == Precision::bf16 && sh.batch <= 64)
+          << "the entry point's tiling on the bf16 path at batch 32 to 64";
       EXPECT_EQ(detail::gemv_warpgroup(sh.out, sh.batch), sh.out == 8200)
           << "the entry point's tiling where the warpgroup tiles run";
       if (precision == Precision::bf16 && warpgroup_mma_available()) {
@@ -682,10 +688,10 @@ TEST_F(DeviceKernels, GemvWideAndQuarterTilesAgree) {
   const GemvSegment seg{{WeightType::bf16, dw.as(), 256, 64}, nullptr, 0};
   const SplitScratch split(int64_t(31) * 64);
   Output y(size_t(31) * 256);
-  EXPECT_THROW(
-      detail::launch_f32_gemv_bias_tiled({&seg, 1}, dx.as<float>(), 64, 31, y.ptr(), 256, {},
-                                         {split.span()}, detail::GemvTiling::wide, nullptr),
-      parity::Error);
+  for (const detail::GemvTiling tiling : {detail::GemvTiling::wide, detail::GemvTiling::narrow})
+    EXPECT_THROW(detail::launch_f32_gemv_bias_tiled({&seg, 1}, dx.as<float>(), 64, 31, y.ptr(), 256,
+                                                    {}, {split.span()}, tiling, nullptr),
+                 parity::Error);
 }
 
 // ------------------------------------------------------------------------------- rope ---
