@@ -447,3 +447,22 @@ std::string concat(const Args&... args) {
       PARITY_DEVICE_CHECK_GEN(hipStreamSynchronize(stream), "execution of " kernel_name, \
                               hipSuccess, ::parity::device::error_text);                 \
   } while (0)
+
+// ------------------------------------------------------------- collective communication ---
+// The tensor-parallel all-reduces (device/runtime/communicator.h): NCCL on NVIDIA, RCCL on AMD,
+// which keeps NCCL's API (ncclComm_t, ncclAllReduce, ncclCommInitAll, ...) under its own header.
+// PARITY_HAVE_NCCL is set by the build where the library was found (the CUDA toolkit ships NCCL;
+// Debian 12 has no RCCL, so the gfx90a build of CI has none); without it the communicator says
+// so when asked for one.
+#if defined(PARITY_HAVE_NCCL) && PARITY_HAVE_NCCL
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__) || \
+    (defined(__HIP__) && !defined(__HIP_PLATFORM_NVIDIA__))
+#include <rccl/rccl.h>
+#else
+#include <nccl.h>
+#endif
+// An NCCL/RCCL call: NCCL_CHECK(ncclAllReduce(...)); the library's error string in the message.
+#define NCCL_CHECK(call)                            \
+  PARITY_DEVICE_CHECK_GEN(call, #call, ncclSuccess, \
+                          [](ncclResult_t r) { return std::string(ncclGetErrorString(r)); })
+#endif

@@ -1,0 +1,152 @@
+// The tensor-parallel all-reduce: the host group (device/runtime/host_group.h) gives every rank
+// the rank-order sum, the same bits whatever order the threads arrive in, and a rank that leaves
+// or disagrees on the length fails every rank instead of hanging them; NCCL
+// (device/runtime/communicator.h) does the same on two GPUs, where the machine has them.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/runtime/host_group.h"
+#include "model/error.h"
+
+#ifdef PARITY_HAVE_DEVICE
+#include "device/runtime/communicator.h"
+#include "device/runtime/device.h"
+#include "device_test_util.h"
+#endif
+
+namespace parity::device {
+namespace {
+
+// Runs fn(rank) on `size` threads; the errors' messages, per rank ("" where none).
+template <typename F>
+std::vector<std::string> on_ranks(int size, F fn) {
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const Error& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+std::vector<std::vector<float>> random_buffers(int size, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  std::vector<std::vector<float>> b(static_cast<size_t>(size), std::vector<float>(n));
+  for (auto& v : b)
+    for (float& x : v) x = u(rng);
+  return b;
+}
+
+TEST(HostGroup, EveryRankGetsTheRankOrderSumWithTheSameBits) {
+  for (const int size : {1, 2, 3, 4}) {
+    SCOPED_TRACE(size);
+    const size_t n = 1001;
+    const auto inputs = random_buffers(size, n, 5 + uint64_t(size));
+    std::vector<float> expected(n);
+    for (size_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (int r = 0; r < size; ++r) s += double(inputs[size_t(r)][i]);
+      expected[i] = float(s);
+    }
+    HostGroup group(size);
+    for (int round = 0; round < 3; ++round) {  // later arrivals first in some rounds
+      auto buffers = inputs;
+      const auto errors = on_ranks(size, [&](int r) {
+        if ((r + round) % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        group.all_reduce_sum(r, buffers[size_t(r)]);
+      });
+      for (int r = 0; r < size; ++r) {
+        EXPECT_EQ(errors[size_t(r)], "") << r;
+        EXPECT_EQ(std::memcmp(buffers[size_t(r)].data(), expected.data(), n * sizeof(float)), 0)
+            << "rank " << r << " round " << round;
+      }
+    }
+  }
+}
+
+TEST(HostGroup, ARankThatLeavesFailsTheOthersInsteadOfHangingThem) {
+  HostGroup group(3);
+  std::vector<std::vector<float>> buffers(3, std::vector<float>(8, 1.0f));
+  const auto errors = on_ranks(3, [&](int r) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the others wait already
+      group.leave(1, "its model did not load");
+      return;
+    }
+    group.all_reduce_sum(r, buffers[size_t(r)]);
+  });
+  for (const int r : {0, 2})
+    EXPECT_NE(errors[size_t(r)].find("rank 1 left the group: its model did not load"),
+              std::string::npos)
+        << errors[size_t(r)];
+  // Later all-reduces fail at once.
+  EXPECT_THROW(group.all_reduce_sum(0, buffers[0]), Error);
+}
+
+TEST(HostGroup, RanksThatDisagreeOnTheLengthAllFail) {
+  HostGroup group(2);
+  std::vector<float> a(8, 1.0f), b(9, 1.0f);
+  const auto errors = on_ranks(2, [&](int r) { group.all_reduce_sum(r, r == 0 ? a : b); });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[size_t(r)].find("rank 1 all-reduces 9 floats, rank 0 8"), std::string::npos)
+        << errors[size_t(r)];
+  EXPECT_THROW(HostGroup(0), Error);
+  HostGroup one(1);
+  EXPECT_THROW(one.all_reduce_sum(1, a), Error);  // no rank 1 in a group of one
+}
+
+#ifdef PARITY_HAVE_DEVICE
+TEST(NcclGroup, TwoGpusAllReduceToTheSameBits) {
+  if (!collectives_built()) GTEST_SKIP() << "this build has no NCCL (RCCL on AMD)";
+  if (device_count() < 2) GTEST_SKIP() << "needs two GPUs, this machine has " << device_count();
+  const std::vector<int> devices = {0, 1};
+  auto comms = nccl_group(devices);
+  ASSERT_EQ(comms.size(), 2u);
+  const size_t n = 4099;
+  const auto inputs = random_buffers(2, n, 9);
+  std::vector<std::vector<float>> out(2);
+  const auto errors = on_ranks(2, [&](int r) {
+    HIP_CHECK(hipSetDevice(devices[size_t(r)]));
+    DeviceBuffer b = test::upload(inputs[size_t(r)]);
+    comms[size_t(r)]->all_reduce_sum(b.as<float>(), n, nullptr);
+    out[size_t(r)] = test::download<float>(b, n);
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), n * sizeof(float)), 0);
+  for (size_t i = 0; i < n; ++i)  // two terms: one float32 rounding either order
+    EXPECT_EQ(out[0][i], inputs[0][i] + inputs[1][i]) << i;
+}
+
+TEST(NcclGroup, AGroupTheBuildOrTheMachineCannotMakeIsOneLine) {
+  if (device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  if (!collectives_built()) {
+    const std::vector<int> one = {0};
+    try {
+      nccl_group(one);
+      ADD_FAILURE() << "a build without NCCL made a group";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no NCCL"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const std::vector<int> beyond = {0, device_count()}, twice = {0, 0};
+  EXPECT_THROW(nccl_group(beyond), Error);
+  EXPECT_THROW(nccl_group(twice), Error);
+}
+#endif
+
+}  // namespace
+}  // namespace parity::device
