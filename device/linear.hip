@@ -171,6 +171,16 @@ __device__ __forceinline__ void bf16_block_pairs(const uint4 (&w)[MT][2][2], int
     }
 }
 
+// Blocks per SM the register budget is cut for: the small tiles three; the narrow ones (16 rows
+// by 32 batch rows) four: 119 registers on the bf16 path, the only one that takes them unasked
+// (at batch 64 qkv and o_proj took 36 and 31 us on them, 41 and 40 on the 32-row tiles, 200
+// registers and two blocks a SM: docs/measurements.md); the 32-row large tiles one (their
+// registers full).
+template <int MT, int NT>
+constexpr int kMmaBlocksPerSm = NT == 1   ? 3
+                                : MT == 1 ? 4
+                                          : 1;
+
 // grid (ceil(rows / 16 MT), min(ceil(batch / 8 NT), 65535)): the row tiles along x; with
 // kTilesAlongX (ceil(batch / 8 NT), ceil(rows / 16 MT)): the batch tiles along x. x varies
 // fastest in the launch order, so the tiles along x run together: at decode the few batch tiles
@@ -182,16 +192,6 @@ __device__ __forceinline__ void bf16_block_pairs(const uint4 (&w)[MT][2][2], int
 // row's and a batch row's results depend on nothing else). kPartsAsColumns (batch 1): the split
 // inputs' three parts in the tile's columns (mma_block_parts_as_columns), each lane loading one.
 // P: the parts the products use (precision_parts; mma_block).
-// Blocks per SM the register budget is cut for: the small tiles three; the narrow ones (16 rows
-// by 32 batch rows) four: 119 registers on the bf16 path, the only one that takes them unasked
-// (at batch 64 qkv and o_proj took 36 and 31 us on them, 41 and 40 on the 32-row tiles, 200
-// registers and two blocks a SM: docs/measurements.md); the 32-row large tiles one (their
-// registers full).
-template <int MT, int NT>
-constexpr int kMmaBlocksPerSm = NT == 1   ? 3
-                                : MT == 1 ? 4
-                                          : 1;
-
 template <int P, int MT, int NT, bool kTilesAlongX, bool kPartsAsColumns = false>
 __global__ void __launch_bounds__(kMmaThreads, (kMmaBlocksPerSm<MT, NT>))
     f32_bf16w_mma(const MmaArgs a, const uint4* split) {

@@ -7,10 +7,17 @@
 
 #include "model/error.h"
 
+// Whether hip_compat.h included NCCL (RCCL on AMD): the build found the library.
+#if defined(PARITY_HAVE_NCCL) && PARITY_HAVE_NCCL
+#define PARITY_NCCL 1
+#else
+#define PARITY_NCCL 0
+#endif
+
 namespace parity::device {
 namespace {
 
-#if defined(PARITY_HAVE_NCCL) && PARITY_HAVE_NCCL
+#if PARITY_NCCL
 static_assert(sizeof(ncclUniqueId) == sizeof(NcclId), "NCCL's unique id is 128 bytes");
 
 class NcclCommunicator final : public Communicator {
@@ -42,7 +49,7 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 bool collectives_built() {
-#if defined(PARITY_HAVE_NCCL) && PARITY_HAVE_NCCL
+#if PARITY_NCCL
   return true;
 #else
   return false;
@@ -59,7 +66,7 @@ std::vector<std::unique_ptr<Communicator>> nccl_group(std::span<const int> devic
     PARITY_CHECK(std::count(devices.begin(), devices.end(), devices[i]) == 1,
                  "tensor parallel: GPU {} twice in one group", devices[i]);
   }
-#if defined(PARITY_HAVE_NCCL) && PARITY_HAVE_NCCL
+#if PARITY_NCCL
   std::vector<ncclComm_t> comms(devices.size());
   NCCL_CHECK(ncclCommInitAll(comms.data(), int(devices.size()), devices.data()));
   std::vector<std::unique_ptr<Communicator>> out;
@@ -73,7 +80,7 @@ std::vector<std::unique_ptr<Communicator>> nccl_group(std::span<const int> devic
 }
 
 NcclId nccl_unique_id() {
-#if defined(PARITY_HAVE_NCCL) && PARITY_HAVE_NCCL
+#if PARITY_NCCL
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
   NcclId out;
@@ -87,7 +94,7 @@ NcclId nccl_unique_id() {
 std::unique_ptr<Communicator> nccl_rank(const NcclId& id, int size, int rank, int device) {
   PARITY_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor parallel: rank {} of a group of {}",
                rank, size);
-#if defined(PARITY_HAVE_NCCL) && PARITY_HAVE_NCCL
+#if PARITY_NCCL
   HIP_CHECK(hipSetDevice(device));
   ncclUniqueId nid;
   std::memcpy(&nid, id.data(), sizeof(nid));
