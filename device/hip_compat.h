@@ -146,6 +146,7 @@ inline hipError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3
 #define hipHostFree cudaFreeHost
 #define hipMemcpy cudaMemcpy
 #define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemcpy2D cudaMemcpy2D
 #define hipMemset cudaMemset
 #define hipMemsetAsync cudaMemsetAsync
 #define hipStreamCreateWithFlags cudaStreamCreateWithFlags

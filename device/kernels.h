@@ -280,6 +280,17 @@ void launch_f32_moe_weighted_sum_residual(const float* w, const float* expert_ou
 // y (count,) = a + b.
 void launch_f32_add(const float* a, const float* b, int64_t count, float* y, hipStream_t stream);
 
+// A tensor-parallel group's all-reduce after the all-gather of its partial sums: parts
+// [ranks][n]; sum (n,) = the parts added in rank order (from part 0); with resid_out:
+// resid_out = residual + sum. (device/shards.hip)
+void launch_f32_rank_sum_residual(const float* parts, int ranks, int64_t n, const float* residual,
+                                  float* sum, float* resid_out, hipStream_t stream);
+// lm_head's vocabulary shards into full rows: rank r's part (at parts + r part_floats) holds rows
+// [rows, size(r)] of the vocabulary rows split_range(vocab, ranks, r)
+// (device/runtime/shard_plan.h); logits (rows, vocab).
+void launch_f32_vocab_join(const float* parts, int ranks, int rows, int vocab, int64_t part_floats,
+                           float* logits, hipStream_t stream);
+
 // greedy sampling: token[b] = argmax of logits[b] (V,), the lowest index among equal values;
 // NaN never wins unless every value is NaN (then 0). (reference/sampled.cpp)
 void launch_f32_argmax(const float* logits, int batch, int vocab, int32_t* token,

@@ -1,5 +1,7 @@
 #include "device/stage_launch.h"
 
+#include <algorithm>
+
 #include "device/fusion.h"
 #include "device/kernels.h"
 #include "model/error.h"
@@ -134,6 +136,11 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
       break;
     }
     case Stage::o_proj:
+      if (rt.shard() != nullptr) {  // this rank's heads' partial sum (its bias rank 0's alone)
+        gemv(L->o, Stage::attn_out, layer, s);
+        rt.all_reduce(out(s), int64_t(B) * H, residual_in(), out(Stage::resid_attn));
+        break;
+      }
       gemv(L->o, Stage::attn_out, layer, s, {residual_in(), out(Stage::resid_attn), H});
       break;
     case Stage::resid_attn:
@@ -176,11 +183,18 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
       // neither mlp1 nor the SwiGLU or split kernels that may run between write them.
       MoeWorkspace ws = moe_ws(Stage::swiglu);
       ws.idx_settled = true;
+      // Under tensor parallel a partial sum, its bias rank 0's alone (DeviceWeights).
       launch_f32_moe_linear(L->mlp2, topk_idx, B, k, out(Stage::swiglu), k * I, I, out(s), nullptr,
                             alpha, limit, ws, st);
       break;
     }
     case Stage::moe_out:
+      if (rt.shard() != nullptr) {  // the sum of this rank's intermediate slice, all-reduced
+        launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H, nullptr,
+                                             out(s), nullptr, st);
+        rt.all_reduce(out(s), int64_t(B) * H, out(Stage::resid_attn), out(Stage::resid_ffn));
+        break;
+      }
       launch_f32_moe_weighted_sum_residual(out(Stage::topk_w), out(Stage::mlp2), B, k, H,
                                            out(Stage::resid_attn), out(s), out(Stage::resid_ffn),
                                            st);
@@ -199,6 +213,28 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
       }
       break;
     case Stage::logits:
+      if (rt.shard() != nullptr) {  // this rank's vocabulary rows, joined into full rows
+        const Matrix& head = w.lm_head();
+        const GemvSegment seg{head, nullptr, 0};
+        for (int r0 = 0; r0 < B; r0 += DeviceRuntime::kJoinRows) {
+          const int n = std::min(B - r0, DeviceRuntime::kJoinRows);
+          // One part of the rows reads final_norm's split (written with it); parts of more
+          // rows split their rows themselves, into the scratch.
+          const SplitInput split =
+              n == B ? split_of(Stage::final_norm, kModelLayer)
+                     : SplitInput{arena.split_of(Stage::final_norm), false, rt.precision()};
+          if (n != B) rt.forget_split(Stage::final_norm);
+          rt.join_logits(
+              n,
+              [&](float* shard) {
+                launch_f32_gemv_bias(std::span<const GemvSegment>(&seg, 1),
+                                     out(Stage::final_norm) + int64_t(r0) * H, H, n, shard,
+                                     head.rows, {}, split, st);
+              },
+              out(s) + int64_t(r0) * c.vocab_size);
+        }
+        break;
+      }
       gemv({w.lm_head(), nullptr}, Stage::final_norm, kModelLayer, s);
       break;
     case Stage::sampled:

@@ -130,6 +130,30 @@ TEST(NcclGroup, TwoGpusAllReduceToTheSameBits) {
     EXPECT_EQ(out[0][i], inputs[0][i] + inputs[1][i]) << i;
 }
 
+TEST(NcclGroup, TwoGpusGatherEveryRanksPart) {
+  if (!collectives_built()) GTEST_SKIP() << "this build has no NCCL (RCCL on AMD)";
+  if (device_count() < 2) GTEST_SKIP() << "needs two GPUs, this machine has " << device_count();
+  const std::vector<int> devices = {0, 1};
+  auto comms = nccl_group(devices);
+  const size_t n = 1027;
+  const auto inputs = random_buffers(2, n, 11);
+  std::vector<std::vector<float>> out(2);
+  const auto errors = on_ranks(2, [&](int r) {
+    HIP_CHECK(hipSetDevice(devices[size_t(r)]));
+    DeviceBuffer recv(2 * n * sizeof(float));
+    DeviceBuffer send = test::upload(inputs[size_t(r)]);
+    comms[size_t(r)]->all_gather(send.as<float>(), recv.as<float>(), n, nullptr);
+    out[size_t(r)] = test::download<float>(recv, 2 * n);
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (int r = 0; r < 2; ++r)
+    for (int part = 0; part < 2; ++part)
+      EXPECT_EQ(0, std::memcmp(out[size_t(r)].data() + size_t(part) * n,
+                               inputs[size_t(part)].data(), n * sizeof(float)))
+          << "rank " << r << " part " << part;
+}
+
 TEST(NcclGroup, AGroupTheBuildOrTheMachineCannotMakeIsOneLine) {
   if (device_count() < 1) GTEST_SKIP() << "needs a GPU";
   if (!collectives_built()) {

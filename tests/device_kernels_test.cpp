@@ -22,6 +22,7 @@
 #include "device/hip_backend.h"
 #include "device/kernels.h"
 #include "device/runtime/device_buffer.h"
+#include "device/runtime/shard_plan.h"
 #include "device/runtime/step_layout.h"
 #include "model/config.h"
 #include "model/error.h"
@@ -1955,6 +1956,47 @@ TEST_F(DeviceKernels, AddIsExactElementwise) {
   launch_f32_add(da.as<float>(), db.as<float>(), 1000, y.ptr(), nullptr);
   const std::vector<float> got = y.fetch();
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], a[i] + b[i]) << i;
+}
+
+// A tensor-parallel group's joins: the parts added in rank order (three ranks: an order the
+// test can tell from another), the residual added after; lm_head's vocabulary shards (unequal:
+// 1000 rows over three ranks) into full rows.
+TEST_F(DeviceKernels, RankSumAndVocabJoin) {
+  std::mt19937_64 rng(43);
+  const int ranks = 3, n = 777;
+  const std::vector<float> parts = random_floats(rng, size_t(ranks) * n, -1e4f, 1e4f);
+  const std::vector<float> residual = random_floats(rng, size_t(n), -9, 9);
+  DeviceBuffer dp = upload(parts), dr = upload(residual);
+  Output sum(n), resid(n);
+  launch_f32_rank_sum_residual(dp.as<float>(), ranks, n, dr.as<float>(), sum.ptr(), resid.ptr(),
+                               nullptr);
+  const std::vector<float> s = sum.fetch(), r = resid.fetch();
+  for (int i = 0; i < n; ++i) {
+    const float want = (parts[size_t(i)] + parts[size_t(n + i)]) + parts[size_t(2 * n + i)];
+    ASSERT_EQ(s[size_t(i)], want) << i;
+    ASSERT_EQ(r[size_t(i)], residual[size_t(i)] + want) << i;
+  }
+
+  const int vocab = 1000, rows = 5;
+  const int64_t part = int64_t(rows) * ((vocab + ranks - 1) / ranks);
+  std::vector<float> shards(size_t(part) * ranks, std::nanf(""));
+  std::vector<float> want(size_t(rows) * vocab);
+  for (int k = 0; k < ranks; ++k) {
+    const parity::device::ShardRange v = parity::device::split_range(vocab, ranks, k);
+    for (int b = 0; b < rows; ++b)
+      for (int j = v.begin; j < v.end; ++j) {
+        const float x = float(b * vocab + j);
+        shards[size_t(k * part + int64_t(b) * v.size() + (j - v.begin))] = x;
+        want[size_t(b * vocab + j)] = x;
+      }
+  }
+  DeviceBuffer ds = upload(shards);
+  Output logits(size_t(rows) * vocab);
+  launch_f32_vocab_join(ds.as<float>(), ranks, rows, vocab, part, logits.ptr(), nullptr);
+  EXPECT_EQ(logits.fetch(), want);
+  EXPECT_THROW(
+      launch_f32_vocab_join(ds.as<float>(), ranks, rows, vocab, part - 1, logits.ptr(), nullptr),
+      parity::Error);
 }
 
 TEST_F(DeviceKernels, LaunchersRejectBadArguments) {

@@ -732,6 +732,9 @@ TEST(MemoryReport, ARankHoldsItsKvHeadsAndIsNamed) {
   EXPECT_EQ(2 * r.kv.block_bytes(), whole.kv.block_bytes());
   EXPECT_EQ(r.kv_blocks, int(3 * kGiB / r.kv.block_bytes()));
   EXPECT_EQ(r.sequence_blocks, whole.sequence_blocks);  // positions, not heads
+  // The all-reduces' parts: two ranks' parts of 128 rows of the larger vocabulary half.
+  EXPECT_EQ(r.arena_bytes,
+            whole.arena_bytes + 2 * sizeof(float) * size_t(128) * size_t((c.vocab_size + 1) / 2));
   EXPECT_TRUE(r.fits());
   EXPECT_THAT(r.text(), HasSubstr("tensor parallel: rank 1 of 2"));
   DeviceOptions big = o;

@@ -13,7 +13,10 @@
 #include "tools/common.h"
 #ifdef PARITY_HAVE_DEVICE_ENGINE
 #include "device/hip_backend.h"
+#include "device/runtime/communicator.h"
+#include "device/runtime/device.h"
 #include "engine/device_runner.h"
+#include "engine/tensor_parallel_runner.h"
 #endif
 
 namespace parity {
@@ -183,6 +186,62 @@ TEST_P(EngineDevice, ASmallPagedCacheRunsEveryRequest) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, EngineDevice,
+                         ::testing::Values(device::Precision::fp32, device::Precision::bf16),
+                         [](const ::testing::TestParamInfo<device::Precision>& i) {
+                           return std::string(device::precision_name(i.param));
+                         });
+
+// The tiny model split over two GPUs (its four heads, two KV heads, and each expert's two blocks
+// of the intermediate dimension, one a rank): the group samples the tokens one GPU samples, and
+// a request's tokens do not depend on its batch. Skipped below two GPUs or without NCCL.
+class EngineTensorParallel : public ::testing::TestWithParam<device::Precision> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = test::candidate_unavailable("hip"); !why.empty())
+      GTEST_SKIP() << why;
+    if (!device::collectives_built()) GTEST_SKIP() << "this build has no NCCL (RCCL on AMD)";
+    if (device_count() < 2) GTEST_SKIP() << "needs two GPUs, this machine has " << device_count();
+  }
+  std::unique_ptr<StepRunner> group() const {
+    device::DeviceOptions o;
+    o.precision = GetParam();
+    o.kv_sequences = 64;
+    const std::vector<int> devices = {0, 1};
+    return make_tensor_parallel_runner(tiny_model(), o, devices, false);
+  }
+};
+
+TEST_P(EngineTensorParallel, TwoRanksSampleTheTokensOfOneGpu) {
+  const auto reqs = requests(16);
+  auto split = group();
+  EXPECT_THAT(split->name(), ::testing::HasSubstr("tensor parallel over 2 GPUs"));
+  auto one = device_runner(GetParam());
+  for (const double temperature : {0.0, 0.9}) {
+    const auto want = Engine(*one, options(8, 32, temperature)).run(reqs);
+    const auto got = Engine(*split, options(8, 32, temperature)).run(reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_FALSE(got[i].generated.empty());
+      EXPECT_EQ(got[i].generated, want[i].generated)
+          << "request " << i << " temperature " << temperature;
+    }
+  }
+  EXPECT_THAT(split->launches(), ::testing::ContainsRegex("[1-9][0-9]* replayed"));
+}
+
+TEST_P(EngineTensorParallel, ARequestsTokensDoNotDependOnItsBatch) {
+  const auto reqs = requests(12);
+  auto split = group();
+  std::vector<std::vector<TokenId>> alone;
+  {
+    Engine one(*split, options(1, 64, 0.9));
+    for (const auto& r : reqs) alone.push_back(one.run({r}).at(0).generated);
+  }
+  const auto results = Engine(*split, options(12, 32, 0.9)).run(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(results[i].generated, alone[i]) << "request " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, EngineTensorParallel,
                          ::testing::Values(device::Precision::fp32, device::Precision::bf16),
                          [](const ::testing::TestParamInfo<device::Precision>& i) {
                            return std::string(device::precision_name(i.param));

@@ -582,6 +582,8 @@ TEST(EngineRun, BadEngineOptionsAreOneLineAndExitTwo) {
       {"--step-tokens 2147483647", "--step-tokens: 2147483647 rows per step, more than the"},
       {"--kernel-times", "--kernel-times: the device backend's"},
       {"--no-graphs", "--no-graphs: the device backend's"},
+      {"--tensor-parallel 2", "--tensor-parallel 2: the device backend's"},
+      {"--tensor-parallel 0", "--tensor-parallel: 0 is not a positive count"},
   };
   for (const auto& [flags, expected] : cases) {
     const auto r = test::run_tool("run", base + " " + flags);

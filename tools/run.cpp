@@ -39,6 +39,7 @@
 #include "device/runtime/serving_limits.h"
 #include "device/runtime/weight_plan.h"
 #include "engine/device_runner.h"
+#include "engine/tensor_parallel_runner.h"
 #endif
 #ifdef PARITY_HAVE_MPI
 #include "engine/mpi_work.h"
@@ -107,6 +108,7 @@ struct RunFlags {
   bool text = false, harmony = false, allow_special = false, kernel_times = false;
   bool no_progress = false, no_graphs = false;
   int max_tokens = 128, max_batch = kHostMaxBatch, step_tokens = kHostStepTokens, context = 0;
+  int tensor_parallel = 1;  // GPUs per engine, the model split over them
   bool max_batch_given = false, step_tokens_given = false;
   SamplingParams sampling;
   std::optional<std::string> precision_name;        // --precision as given
@@ -137,10 +139,12 @@ struct Workers {
   std::string limits;  // the engines' --max-batch and --step-tokens, and where they come from
 };
 
-// Where this process's engines run: `count` workers, the first on device `first_device`.
+// Where this process's engines run: `count` GPUs (host workers), the first on device
+// `first_device`; an engine takes `group` of them (--tensor-parallel), so there are count / group.
 struct Placement {
   int count = 1;
   int first_device = 0;
+  int group = 1;
 };
 
 Placement placement(const RunFlags& f, int mpi_local_rank, int mpi_local_size) {
@@ -158,6 +162,16 @@ Placement placement(const RunFlags& f, int mpi_local_rank, int mpi_local_size) {
          f.backend);
 #endif
   }
+  p.group = f.tensor_parallel;
+  if (f.tensor_parallel > 1) {
+    if (!device_backend(f))
+      fail("--tensor-parallel {}: the device backend's (--backend hip)", f.tensor_parallel);
+    if (mpi_local_rank >= 0)
+      fail(
+          "--tensor-parallel {}: under MPI each rank runs one GPU; a group's ranks are threads "
+          "of one process (run without mpirun)",
+          f.tensor_parallel);
+  }
   if (mpi_local_rank >= 0) {
     if (device_backend(f) && mpi_local_size > available)
       fail("MPI: {} ranks on this host, which has {} GPUs (one rank per GPU)", mpi_local_size,
@@ -165,17 +179,20 @@ Placement placement(const RunFlags& f, int mpi_local_rank, int mpi_local_size) {
     p.first_device = mpi_local_rank;
     return p;
   }
-  if (f.gpus.empty()) return p;
+  int n = p.group;
   if (f.gpus == "all") {
-    p.count = device_backend(f) ? available : 1;
-    return p;
+    n = device_backend(f) ? available / p.group * p.group : 1;
+  } else if (!f.gpus.empty()) {
+    const auto [ptr, err] = std::from_chars(f.gpus.data(), f.gpus.data() + f.gpus.size(), n);
+    if (err != std::errc() || ptr != f.gpus.data() + f.gpus.size() || n < 1)
+      fail("--gpus {}: `all` or a positive number", parity::quoted(f.gpus, 20));
+    if (n % p.group != 0)
+      fail("--gpus {}: not a whole number of groups of --tensor-parallel {}", n, p.group);
   }
-  int n = 0;
-  const auto [ptr, err] = std::from_chars(f.gpus.data(), f.gpus.data() + f.gpus.size(), n);
-  if (err != std::errc() || ptr != f.gpus.data() + f.gpus.size() || n < 1)
-    fail("--gpus {}: `all` or a positive number", parity::quoted(f.gpus, 20));
-  if (device_backend(f) && n > available)
-    fail("--gpus {}: this host has {} GPU{}", n, available, available == 1 ? "" : "s");
+  if (device_backend(f) && (n > available || n == 0))
+    fail("{} {} GPU{}, but this host has {}",
+         p.group > 1 ? fmt::format("--tensor-parallel {} takes", p.group) : "--gpus: asked for",
+         std::max(n, p.group), std::max(n, p.group) == 1 ? "" : "s", available);
   p.count = n;
   return p;
 }
@@ -197,7 +214,17 @@ device::ServingLimits device_limits(const RunFlags& f, const Model& m, const Pla
   for (int i = 0; i < where.count; ++i)
     s.free_bytes =
         std::min(s.free_bytes, device::Device::open(where.first_device + i).free_bytes());
-  s.weights_bytes = device::plan_weights(m).total;
+  Config c = m.config;
+  if (where.group == 1) {
+    s.weights_bytes = device::plan_weights(m).total;
+  } else {  // the largest rank's part, its activations, and the all-reduces' parts
+    const auto shard = [&](int r) {
+      return device::ShardPlan::of(m.config, where.group, r, device::ExpertSplit::by_intermediate);
+    };
+    for (int r = 0; r < where.group; ++r)
+      s.weights_bytes = std::max(s.weights_bytes, device::plan_weights(m, shard(r)).total);
+    c = device::rank_config(m.config, shard(0));  // rank 0 holds the largest slices
+  }
   device::DeviceOptions o;
   o.max_context = f.context;
   s.max_context = o.resolve_max_context(m.config);
@@ -206,7 +233,14 @@ device::ServingLimits device_limits(const RunFlags& f, const Model& m, const Pla
   s.kv_bytes = kv_bytes;
   s.step_tokens = f.step_tokens_given ? f.step_tokens : 0;
   s.max_batch = f.max_batch_given ? f.max_batch : 0;
-  return device::size_serving_limits(m.config, s);
+  if (where.group > 1) {
+    const int rows = std::max(s.step_tokens, s.max_batch) > 0 ? std::max(s.step_tokens, s.max_batch)
+                                                              : device::kServingMaxStepTokens;
+    s.weights_bytes +=
+        size_t(where.group) * sizeof(float) *
+        size_t(device::shard_join_floats(c, where.group, rows, device::kShardJoinRows));
+  }
+  return device::size_serving_limits(c, s);
 }
 #endif
 
@@ -224,28 +258,36 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
   w.limits = fmt::format("--max-batch {}{}, --step-tokens {}{}", f.max_batch,
                          f.max_batch_given ? "" : " (the host backends' default)", f.step_tokens,
                          f.step_tokens_given ? "" : " (the host backends' default)");
-  w.runners.resize(size_t(where.count));
+  if (where.group >
+      1)  // before any GPU is touched: one line naming what the degree does not divide
+    if (const std::string why = device::tensor_parallel_problem(
+            w.model->config, where.group, device::ExpertSplit::by_intermediate);
+        !why.empty())
+      fail("--tensor-parallel {}: {}: {}", where.group, dir, why);
+  w.runners.resize(size_t(where.count / where.group));
   if (device_backend(f)) {
 #ifdef PARITY_HAVE_DEVICE_ENGINE
-    if (!f.max_batch_given || !f.step_tokens_given) {
+    // A group's ranks hold KV pools of one size: sized here unless --kv-memory gives it.
+    if (!f.max_batch_given || !f.step_tokens_given || (where.group > 1 && kv_bytes == 0)) {
       const device::ServingLimits sized = device_limits(f, *w.model, where, kv_bytes);
       limits = {sized.max_batch, sized.step_tokens};
       // The pool it sized beside the largest step's activations, unless --kv-memory set one (even
       // one too small: the runtime refuses that with its sizes).
       if (kv_bytes == 0) kv_bytes = sized.kv_bytes;
       w.limits = sized.text();
+      if (where.group > 1) w.limits += fmt::format(" (per GPU of a group of {})", where.group);
     } else {
       w.limits =
           fmt::format("--max-batch {}, --step-tokens {} (given)", f.max_batch, f.step_tokens);
     }
-    // Each GPU loads its weights on a thread of its own.
-    std::vector<std::exception_ptr> errors(size_t(where.count));
+    // Each engine loads its weights on a thread of its own (a group's ranks on threads of theirs).
+    std::vector<std::exception_ptr> errors(w.runners.size());
     std::vector<std::thread> threads;
-    for (int i = 0; i < where.count; ++i)
+    for (int i = 0; i < int(w.runners.size()); ++i)
       threads.emplace_back([&, i] {
         try {
           device::DeviceOptions o;
-          o.device = where.first_device + i;
+          o.device = where.first_device + i * where.group;
           o.max_context = f.context;
           o.kv_bytes = kv_bytes;
           o.arena_rows = o.max_step_rows = std::max(limits.step_tokens, limits.max_batch);
@@ -253,7 +295,14 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
           o.precision = f.precision;
           if (i == 0 && mpi_local_rank <= 0)
             o.log = [](const std::string& text) { std::cerr << text << std::flush; };
-          w.runners[size_t(i)] = make_device_runner(*w.model, o, f.kernel_times);
+          if (where.group == 1) {
+            w.runners[size_t(i)] = make_device_runner(*w.model, o, f.kernel_times);
+          } else {
+            std::vector<int> devices(size_t(where.group));
+            for (int r = 0; r < where.group; ++r) devices[size_t(r)] = o.device + r;
+            w.runners[size_t(i)] =
+                make_tensor_parallel_runner(*w.model, o, devices, f.kernel_times);
+          }
         } catch (...) {
           errors[size_t(i)] = std::current_exception();
         }
@@ -520,9 +569,15 @@ void add_run_options(CLI::App& app, RunFlags& f) {
                  "where a GPU is there and the build has the device engine, else cpu-f32")
       ->check(non_empty_value());
   app.add_option("--gpus", f.gpus,
-                 "engines of this process: `all` or N GPUs with hip, one per GPU, sharing one "
-                 "queue (N host engines with a host backend); default 1")
+                 "engines of this process: `all` or N GPUs with hip, one engine per GPU (per "
+                 "group of --tensor-parallel GPUs), sharing one queue (N host engines with a "
+                 "host backend); default 1 (one group)")
       ->check(non_empty_value());
+  add_decimal_option(app, "--tensor-parallel", f.tensor_parallel,
+                     "hip: GPUs per engine, the model split over them (attention by heads, the "
+                     "experts by their intermediate dimension, lm_head by vocabulary; NCCL/RCCL "
+                     "all-reduces); --gpus then counts GPUs in groups of it; default 1",
+                     1);
   app.add_option("--kv-memory", f.kv_memory,
                  "KV-cache size per engine: bytes with an optional K, M or G suffix, or `free` "
                  "(the default; hip: 90 % of what the weights leave free; host backends: no limit)")

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "model/error.h"
@@ -26,17 +27,25 @@ class NcclCommunicator final : public Communicator {
       : comm_(comm), rank_(rank), size_(size), device_(device) {}
   ~NcclCommunicator() override {
     (void)hipSetDevice(device_);
-    (void)ncclCommDestroy(comm_);
+    if (!aborted_) (void)ncclCommDestroy(comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce_sum(float* data, size_t n, hipStream_t stream) override {
     NCCL_CHECK(ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream));
   }
+  void all_gather(const float* send, float* recv, size_t n, hipStream_t stream) override {
+    NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat32, comm_, stream));
+  }
+  void abort() override {
+    if (aborted_.exchange(true)) return;
+    (void)ncclCommAbort(comm_);
+  }
 
  private:
   ncclComm_t comm_;
   int rank_, size_, device_;
+  std::atomic<bool> aborted_{false};
 };
 #else
 [[noreturn]] void no_collectives() {

@@ -22,6 +22,14 @@ class Communicator {
   // In place: data (n floats on this rank's GPU) becomes the sum over the group, enqueued on
   // `stream`; every rank of the group must call it with the same n, in the same order.
   virtual void all_reduce_sum(float* data, size_t n, hipStream_t stream) = 0;
+  // recv [size()][n] gets every rank's send (n floats) at its rank's place, enqueued on `stream`;
+  // send may be recv + rank() n (in place). The engine's all-reduces are this and a rank-order
+  // sum (launch_f32_rank_sum_residual): the same bits on every rank and for every batch, which a
+  // ring all-reduce of more than two ranks does not promise.
+  virtual void all_gather(const float* send, float* recv, size_t n, hipStream_t stream) = 0;
+  // Ends the group's pending and later collectives with an error instead of waiting for a rank
+  // that will not come (one rank failed); callable from any thread, once the group is given up.
+  virtual void abort() = 0;
 };
 
 // Whether this build has NCCL (RCCL on AMD).

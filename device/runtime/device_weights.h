@@ -34,8 +34,12 @@ struct DeviceLayer {
 
 class DeviceWeights {
  public:
-  // Uploads every tensor of `plan` (plan_weights(m)) to the current device; synchronous.
-  DeviceWeights(const Model& m, WeightPlan plan);
+  // Uploads every tensor of `plan` (plan_weights(m), or plan_weights(m, *shard): each tensor's
+  // part the rank holds) to the current device; synchronous. The views are of the parts held; a
+  // rank other than 0 holds zeros for the biases of the all-reduced projections (o_proj's,
+  // mlp2's), so that the group's sum adds each once; a tied lm_head is viewed at the rank's
+  // vocabulary rows of the embedding.
+  DeviceWeights(const Model& m, WeightPlan plan, const ShardPlan* shard = nullptr);
 
   const Matrix& embed() const { return embed_; }
   const Matrix& lm_head() const { return lm_head_; }

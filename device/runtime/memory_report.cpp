@@ -28,6 +28,10 @@ MemoryReport MemoryReport::plan(const DeviceOptions& o, const Config& c, int max
   r.weights_by_kind = weights.bytes_by_kind;
   r.arena_rows = o.arena_rows;
   r.arena_bytes = ArenaLayout::of(c, o.arena_rows, max_context).bytes;
+  if (shard != nullptr &&
+      shard->degree > 1)  // the all-reduces' gathered parts (DeviceRuntime::all_reduce)
+    r.arena_bytes += size_t(shard->degree) * sizeof(float) *
+                     size_t(shard_join_floats(c, shard->degree, o.arena_rows, kShardJoinRows));
   r.scores_bytes = device::scores_bytes(scores_floats_for_one_row(c, max_context));
   r.kv = KvLayout::of(c, o.kv_block_size);
   if (shard != nullptr) r.kv.kv_dim = shard->kv_heads.size() * c.head_dim;  // its KV heads
@@ -62,7 +66,7 @@ std::string MemoryReport::text() const {
   const std::string rank_line =
       degree > 1 ? fmt::format(
                        "  tensor parallel: rank {} of {}: its part of the weights, its KV "
-                       "heads; the activations as one GPU's step\n",
+                       "heads, its activations with the all-reduces' parts\n",
                        rank, degree)
                  : std::string();
   return fmt::format(

@@ -42,7 +42,9 @@ struct MemoryReport {
   // Decides the KV pool's size from the options (kv_bytes, else kv_sequences, else the free
   // fraction of what the weights and activations leave free) and fills every field. With a shard
   // plan, for that rank: `weights` is its part (plan_weights with the plan), its KV blocks hold
-  // its KV heads only; the activations are still counted as one GPU's whole step, an upper bound.
+  // its KV heads only, and the activations add the all-reduces' gathered parts
+  // (shard_join_floats); they are the rank's with `c` its rank_config (as the runtime plans), an
+  // upper bound with the whole model's.
   static MemoryReport plan(const DeviceOptions& o, const Config& c, int max_context,
                            const WeightPlan& weights, std::string device, size_t free_bytes,
                            size_t total_bytes, const ShardPlan* shard = nullptr);

@@ -27,6 +27,14 @@ void DeviceOptions::validate() const {
   if (max_step_rows < 0 || (max_step_rows > 0 && max_step_rows < arena_rows))
     fail("device options: max_step_rows {} must be 0 (no limit) or at least arena_rows {}",
          max_step_rows, arena_rows);
+  const TensorParallel& tp = tensor_parallel;
+  if (tp.degree < 1 || tp.rank < 0 || tp.rank >= tp.degree)
+    fail("device options: tensor parallel rank {} of a group of {}", tp.rank, tp.degree);
+  if (tp.degree > 1 && tp.comm == nullptr)
+    fail("device options: a tensor parallel group of {} without its communicator", tp.degree);
+  if (tp.degree > 1 && tp.experts_split != ExpertSplit::by_intermediate)
+    fail("device options: the engine splits the experts {} only (not {})",
+         expert_split_name(ExpertSplit::by_intermediate), expert_split_name(tp.experts_split));
 }
 
 int DeviceOptions::resolve_max_context(const Config& c) const {

@@ -12,12 +12,15 @@
 #include <vector>
 
 #include "device/kernel_types.h"
+#include "device/runtime/shard_plan.h"
 
 namespace parity {
 struct Config;
 }
 
 namespace parity::device {
+
+class Communicator;
 
 inline constexpr int kDefaultMaxContext = 4096;  // positions per sequence unless asked otherwise
 inline constexpr int kDefaultArenaRows = 64;     // parity-trace's default rows per step
@@ -52,6 +55,15 @@ struct DeviceOptions {
   bool graphs = true;
   // The products' precision (device/kernel_types.h): fp32 exact, or bf16 inputs.
   Precision precision = Precision::fp32;
+  // Tensor parallel (device/runtime/shard_plan.h): this runtime is rank `rank` of a group of
+  // `degree` GPUs that split the model (experts split by `experts_split`; only by_intermediate
+  // runs), joined by `comm` (its rank and size these; it outlives the runtime). Degree 1: the
+  // whole model.
+  struct TensorParallel {
+    int degree = 1, rank = 0;
+    ExpertSplit experts_split = ExpertSplit::by_intermediate;
+    Communicator* comm = nullptr;
+  } tensor_parallel;
   // Verbose messages (the memory report at load); null: silent.
   std::function<void(const std::string&)> log;
 

@@ -5,29 +5,78 @@
 
 #include "device/hip_compat.h"
 #include "device/kernels.h"
+#include "device/runtime/communicator.h"
 #include "model/error.h"
 
 namespace parity::device {
 
+namespace {
+
+std::optional<ShardPlan> shard_of(const Config& c, const DeviceOptions& o) {
+  o.validate();
+  const DeviceOptions::TensorParallel& tp = o.tensor_parallel;
+  if (tp.degree == 1) return std::nullopt;
+  if (tp.comm->size() != tp.degree || tp.comm->rank() != tp.rank)
+    fail("tensor parallel: rank {} of {} given the communicator of rank {} of {}", tp.rank,
+         tp.degree, tp.comm->rank(), tp.comm->size());
+  return ShardPlan::of(c, tp.degree, tp.rank, tp.experts_split);
+}
+
+}  // namespace
+
 DeviceRuntime::DeviceRuntime(const Model& m, const DeviceOptions& options)
-    : c_(m.config),
-      options_((options.validate(), options)),
+    : shard_(shard_of(m.config, options)),
+      c_(shard_ ? rank_config(m.config, *shard_) : m.config),
+      options_(options),
       device_(Device::open(options.device)),
       max_context_(options.resolve_max_context(m.config)) {
   if (options_.sync_after_launch) enable_sync_after_launch();
   check_kernel_limits(m.dir);
-  WeightPlan plan = plan_weights(m);
+  WeightPlan plan = shard_ ? plan_weights(m, *shard_) : plan_weights(m);
   memory_ = MemoryReport::plan(options_, c_, max_context_, plan, device_.describe(),
-                               device_.free_bytes(), device_.total_bytes);
+                               device_.free_bytes(), device_.total_bytes, shard());
   if (options_.log) options_.log(memory_.text());
   if (const std::string why = memory_.refusal(m.dir); !why.empty()) throw Error(why);
 
-  weights_ = std::make_unique<DeviceWeights>(m, std::move(plan));
+  weights_ = std::make_unique<DeviceWeights>(m, std::move(plan), shard());
   arena_ = std::make_unique<ActivationArena>(c_, max_context_, options_.arena_rows,
                                              scores_floats_for_one_row(c_, max_context_),
                                              options_.max_step_rows);
   kv_ = std::make_unique<KvCachePool>(memory_.kv, memory_.kv_blocks, max_context_, stream_.get());
+  reserve_join(options_.arena_rows);
   stream_.synchronize();
+}
+
+void DeviceRuntime::reserve_join(int rows) {
+  if (!shard_) return;
+  const int64_t floats = shard_join_floats(c_, shard_->degree, rows, kJoinRows);
+  if (floats <= join_floats_) return;
+  stream_.synchronize();  // no kernel reads the old parts
+  join_parts_.allocate(size_t(floats) * size_t(shard_->degree) * sizeof(float));
+  join_floats_ = floats;
+  graphs_.clear();  // they launch on the old buffer
+}
+
+void DeviceRuntime::all_reduce(float* data, int64_t n, const float* residual, float* resid_out) {
+  PARITY_CHECK(shard_ && n <= join_floats_, "all_reduce of {} floats (parts of {})", n,
+               join_floats_);
+  float* parts = join_parts_.as<float>();
+  options_.tensor_parallel.comm->all_gather(data, parts, size_t(n), stream_.get());
+  launch_f32_rank_sum_residual(parts, shard_->degree, n, residual, data, resid_out, stream_.get());
+}
+
+void DeviceRuntime::join_logits(int n, const std::function<void(float* shard)>& launch,
+                                float* logits) {
+  PARITY_CHECK(shard_ && n >= 1 && n <= kJoinRows, "join_logits of {} rows", n);
+  float* parts = join_parts_.as<float>();
+  // Each rank's shard at its place in the gathered parts (in place): n rows of its vocabulary
+  // rows, in parts of n rows of the largest shard.
+  const int64_t part =
+      int64_t(n) * ((int64_t(c_.vocab_size) + shard_->degree - 1) / shard_->degree);
+  float* own = parts + int64_t(shard_->rank) * part;
+  launch(own);
+  options_.tensor_parallel.comm->all_gather(own, parts, size_t(part), stream_.get());
+  launch_f32_vocab_join(parts, shard_->degree, n, c_.vocab_size, part, logits, stream_.get());
 }
 
 DeviceRuntime::~DeviceRuntime() {
@@ -60,6 +109,7 @@ void DeviceRuntime::begin_step(const Batch& b) {
   // Both wait for the stream before they move a buffer, so no graph is in flight then.
   const bool arena_moved = arena_->reserve(b.rows(), layout.scores_floats, stream_.get());
   const bool step_moved = step_.upload(std::move(layout), stream_.get());
+  reserve_join(b.rows());
   if (arena_moved || step_moved) graphs_.clear();
   forget_split();
 }
@@ -108,6 +158,11 @@ nlohmann::json DeviceRuntime::facts() const {
   f["kv_bytes"] = kv_->bytes();
   f["step_graphs"] = options_.graphs && !options_.sync_after_launch;
   f["precision"] = std::string(precision_name(options_.precision));
+  if (shard_) {
+    f["tensor_parallel"] = shard_->degree;
+    f["tensor_parallel_rank"] = shard_->rank;
+    f["experts_split"] = expert_split_name(shard_->experts_split);
+  }
   return f;
 }
 

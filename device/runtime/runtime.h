@@ -20,6 +20,7 @@
 #include "device/runtime/kv_cache_pool.h"
 #include "device/runtime/memory_report.h"
 #include "device/runtime/options.h"
+#include "device/runtime/shard_plan.h"
 #include "device/runtime/step.h"
 #include "device/runtime/step_graphs.h"
 #include "device/runtime/stream.h"
@@ -61,6 +62,8 @@ class DeviceRuntime {
   // several devices makes each current before using it.
   void make_current() const;
 
+  // The model as this runtime computes it: rank_config of its shard under tensor parallel
+  // (its heads, its experts' intermediate slice), else the model's.
   const Config& config() const { return c_; }
   const Device& device() const { return device_; }
   hipStream_t stream() const { return stream_.get(); }
@@ -72,6 +75,20 @@ class DeviceRuntime {
   int max_context() const { return max_context_; }
   // The products' precision every stage's launch reads (DeviceOptions::precision).
   Precision precision() const { return options_.precision; }
+
+  // Tensor parallel (DeviceOptions::tensor_parallel): this rank's part of the model; null for
+  // the whole model.
+  const ShardPlan* shard() const { return shard_ ? &*shard_ : nullptr; }
+  // The group's all-reduce of a partial sum on the stream: data (n floats, this rank's part)
+  // becomes the ranks' parts added in rank order (the same bits on every rank and in any batch),
+  // and with resid_out, resid_out = residual + data. Under tensor parallel only.
+  void all_reduce(float* data, int64_t n, const float* residual, float* resid_out);
+  // lm_head's vocabulary shards of the rows [r0, r0 + n) of final_norm into full rows of logits,
+  // n <= kJoinRows: `launch` writes this rank's shard, rows of shard()->vocab.size() floats, to
+  // the pointer it gets; then the group gathers the shards and joins them into logits (n rows of
+  // the vocabulary). Under tensor parallel only.
+  static constexpr int kJoinRows = kShardJoinRows;
+  void join_logits(int n, const std::function<void(float* shard)>& launch, float* logits);
 
   // The attention shape and KV place of `layer`, and the kernels' view of the KV cache for the
   // current step.
@@ -101,8 +118,10 @@ class DeviceRuntime {
 
  private:
   void check_kernel_limits(const std::string& model) const;
+  void reserve_join(int rows);  // the all-reduces' parts for steps of `rows` rows
 
-  const Config& c_;
+  std::optional<ShardPlan> shard_;
+  Config c_;
   DeviceOptions options_;
   Device device_;
   int max_context_ = 0;
@@ -113,6 +132,8 @@ class DeviceRuntime {
   std::unique_ptr<KvCachePool> kv_;
   Step step_;
   std::array<std::optional<std::pair<Stage, int>>, 2> split_source_;
+  DeviceBuffer join_parts_;  // tensor parallel: the ranks' gathered parts
+  int64_t join_floats_ = 0;  // floats of one rank's part in join_parts_
   StepGraphs graphs_;  // destroyed before the stream (the destructor waits for it first)
 };
 

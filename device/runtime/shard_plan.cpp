@@ -77,6 +77,19 @@ ShardPlan ShardPlan::of(const Config& c, int degree, int rank, ExpertSplit split
   return p;
 }
 
+Config rank_config(const Config& c, const ShardPlan& p) {
+  Config r = c;
+  r.num_attention_heads = p.q_heads.size();
+  r.num_key_value_heads = p.kv_heads.size();
+  r.intermediate_size = p.intermediate.size();
+  return r;
+}
+
+int64_t shard_join_floats(const Config& c, int degree, int rows, int join_rows) {
+  const int64_t vocab_part = (int64_t(c.vocab_size) + degree - 1) / degree;
+  return std::max(int64_t(rows) * c.hidden_size, int64_t(join_rows) * vocab_part);
+}
+
 int ShardPlan::rank_of_expert(int expert) const {
   if (experts_split == ExpertSplit::by_intermediate) return -1;
   const int per_rank = experts.size();  // every rank owns as many (the degree divides them)

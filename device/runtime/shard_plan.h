@@ -18,6 +18,7 @@
 // The norms, the router, the embedding and the residual stream are replicated. lm_head is split
 // by vocabulary rows [vocab); the sampler reads every rank's shard.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "model/config.h"
@@ -62,6 +63,18 @@ struct ShardPlan {
   // The expert's rank under by_expert (every rank under by_intermediate: -1).
   int rank_of_expert(int expert) const;
 };
+
+// The model as rank `p.rank` computes it: its query and KV heads, its experts' intermediate slice
+// (by_intermediate); the hidden size, the vocabulary (the sampler's full rows), the experts and
+// the rest as the model's. The device runtime sizes its activations, KV cache and kernels by it.
+Config rank_config(const Config& c, const ShardPlan& p);
+
+// Floats of one rank's part of the device's all-reduce scratch (DeviceRuntime::all_reduce,
+// join_logits): the partial sums of a step of `rows` rows (rows x hidden), or the vocabulary
+// shards of `join_rows` rows, whichever is larger. The scratch holds `degree` parts.
+int64_t shard_join_floats(const Config& c, int degree, int rows, int join_rows);
+// The rows of logits joined at a time (DeviceRuntime::join_logits).
+inline constexpr int kShardJoinRows = 128;
 
 // Why `degree` ranks cannot split `c` with `split` ("" when they can): a degree below 1, query or
 // KV heads it does not divide, experts (by_expert) it does not divide, fewer MXFP4 blocks of the
