@@ -192,9 +192,15 @@ INSTANTIATE_TEST_SUITE_P(Precisions, EngineDevice,
                          });
 
 // The tiny model split over two GPUs (its four heads, two KV heads, and each expert's two blocks
-// of the intermediate dimension, one a rank): the group samples the tokens one GPU samples, and
-// a request's tokens do not depend on its batch. Skipped below two GPUs or without NCCL.
-class EngineTensorParallel : public ::testing::TestWithParam<device::Precision> {
+// of the intermediate dimension, one a rank): in fp32 the group samples the tokens one GPU
+// samples; in both precisions a request's tokens do not depend on its batch, and the ranks sample
+// the same tokens (the runner checks every step). bf16 is not compared with one GPU: the split
+// sums round differently in float32's last place, which now and then moves a product input's
+// BF16 rounding, and the tiny model's near-tied logits then pick another token (measured: 4 of
+// 32 runs, 16 requests greedy and sampled, part after 3 to 10 of 12 tokens); whether the group
+// stays within the bf16 policy's bounds is a trace's question. Skipped below two GPUs or without
+// NCCL.
+class EngineTensorParallel : public ::testing::Test {
  protected:
   void SetUp() override {
     if (const std::string why = test::candidate_unavailable("hip"); !why.empty())
@@ -202,20 +208,20 @@ class EngineTensorParallel : public ::testing::TestWithParam<device::Precision> 
     if (!device::collectives_built()) GTEST_SKIP() << "this build has no NCCL (RCCL on AMD)";
     if (device_count() < 2) GTEST_SKIP() << "needs two GPUs, this machine has " << device_count();
   }
-  std::unique_ptr<StepRunner> group() const {
+  static std::unique_ptr<StepRunner> group(device::Precision precision) {
     device::DeviceOptions o;
-    o.precision = GetParam();
+    o.precision = precision;
     o.kv_sequences = 64;
     const std::vector<int> devices = {0, 1};
     return make_tensor_parallel_runner(tiny_model(), o, devices, false);
   }
 };
 
-TEST_P(EngineTensorParallel, TwoRanksSampleTheTokensOfOneGpu) {
+TEST_F(EngineTensorParallel, TwoRanksSampleTheTokensOfOneGpuInFp32) {
   const auto reqs = requests(16);
-  auto split = group();
+  auto split = group(device::Precision::fp32);
   EXPECT_THAT(split->name(), ::testing::HasSubstr("tensor parallel over 2 GPUs"));
-  auto one = device_runner(GetParam());
+  auto one = device_runner(device::Precision::fp32);
   for (const double temperature : {0.0, 0.9}) {
     const auto want = Engine(*one, options(8, 32, temperature)).run(reqs);
     const auto got = Engine(*split, options(8, 32, temperature)).run(reqs);
@@ -228,24 +234,24 @@ TEST_P(EngineTensorParallel, TwoRanksSampleTheTokensOfOneGpu) {
   EXPECT_THAT(split->launches(), ::testing::ContainsRegex("[1-9][0-9]* replayed"));
 }
 
-TEST_P(EngineTensorParallel, ARequestsTokensDoNotDependOnItsBatch) {
+TEST_F(EngineTensorParallel, ARequestsTokensDoNotDependOnItsBatch) {
   const auto reqs = requests(12);
-  auto split = group();
-  std::vector<std::vector<TokenId>> alone;
-  {
-    Engine one(*split, options(1, 64, 0.9));
-    for (const auto& r : reqs) alone.push_back(one.run({r}).at(0).generated);
-  }
-  const auto results = Engine(*split, options(12, 32, 0.9)).run(reqs);
-  for (size_t i = 0; i < reqs.size(); ++i)
-    EXPECT_EQ(results[i].generated, alone[i]) << "request " << i;
+  for (const auto precision : {device::Precision::fp32, device::Precision::bf16})
+    for (const double temperature : {0.0, 0.9}) {
+      auto split = group(precision);
+      std::vector<std::vector<TokenId>> alone;
+      {
+        Engine one(*split, options(1, 64, temperature));
+        for (const auto& r : reqs) alone.push_back(one.run({r}).at(0).generated);
+      }
+      const auto results = Engine(*split, options(12, 32, temperature)).run(reqs);
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(results[i].generated, alone[i])
+            << "request " << i << " temperature " << temperature << " "
+            << device::precision_name(precision);
+      EXPECT_THAT(split->launches(), ::testing::ContainsRegex("[1-9][0-9]* replayed"));
+    }
 }
-
-INSTANTIATE_TEST_SUITE_P(Precisions, EngineTensorParallel,
-                         ::testing::Values(device::Precision::fp32, device::Precision::bf16),
-                         [](const ::testing::TestParamInfo<device::Precision>& i) {
-                           return std::string(device::precision_name(i.param));
-                         });
 
 #else
 
