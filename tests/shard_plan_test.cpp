@@ -125,5 +125,43 @@ TEST(ShardPlan, SplitRangeIsBalancedInUnits) {
   EXPECT_EQ(split_range(1, 4, 3), (ShardRange{1, 1}));  // more parts than elements: empty tail
 }
 
+// What a rank's runtime sizes itself by: its heads and its intermediate slice; the hidden size,
+// the vocabulary (the sampler's full rows), the experts and the layers the model's. The ranks'
+// slices add up to the model's.
+TEST(ShardPlan, ARanksConfigIsItsHeadsAndItsIntermediateSlice) {
+  const Config c = synth_preset("20b").config;
+  int heads = 0, kv = 0, inter = 0;
+  for (int r = 0; r < 4; ++r) {
+    const ShardPlan p = ShardPlan::of(c, 4, r, ExpertSplit::by_intermediate);
+    const Config rc = rank_config(c, p);
+    EXPECT_EQ(rc.num_attention_heads, 16);
+    EXPECT_EQ(rc.num_key_value_heads, 2);
+    EXPECT_EQ(rc.heads_per_kv(), c.heads_per_kv());
+    EXPECT_EQ(rc.intermediate_size, r < 2 ? 23 * 32 : 22 * 32) << r;  // 90 blocks over 4
+    EXPECT_EQ(rc.hidden_size, c.hidden_size);
+    EXPECT_EQ(rc.vocab_size, c.vocab_size);
+    EXPECT_EQ(rc.num_local_experts, c.num_local_experts);
+    EXPECT_EQ(rc.num_hidden_layers, c.num_hidden_layers);
+    EXPECT_EQ(rc.head_dim, c.head_dim);
+    heads += rc.num_attention_heads, kv += rc.num_key_value_heads, inter += rc.intermediate_size;
+  }
+  EXPECT_EQ(heads, c.num_attention_heads);
+  EXPECT_EQ(kv, c.num_key_value_heads);
+  EXPECT_EQ(inter, c.intermediate_size);
+  // by_expert keeps every expert's whole intermediate dimension.
+  EXPECT_EQ(rank_config(c, ShardPlan::of(c, 2, 1, ExpertSplit::by_expert)).intermediate_size,
+            c.intermediate_size);
+}
+
+// The all-reduces' scratch, per rank: a step's partial sums or the vocabulary shards of the
+// joined rows, whichever is larger (the largest shard: 1000 rows over 3 ranks hold 334).
+TEST(ShardPlan, TheJoinScratchHoldsAStepsPartialSumsOrTheVocabularyShards) {
+  Config c = synth_preset("tiny").config;
+  c.vocab_size = 1000;
+  EXPECT_EQ(shard_join_floats(c, 3, 8, 128), int64_t(128) * 334);
+  EXPECT_EQ(shard_join_floats(c, 3, 4096, 128), int64_t(4096) * c.hidden_size);
+  EXPECT_EQ(shard_join_floats(c, 1, 1, 1), int64_t(1000));
+}
+
 }  // namespace
 }  // namespace parity::device
