@@ -258,8 +258,8 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
   w.limits = fmt::format("--max-batch {}{}, --step-tokens {}{}", f.max_batch,
                          f.max_batch_given ? "" : " (the host backends' default)", f.step_tokens,
                          f.step_tokens_given ? "" : " (the host backends' default)");
-  if (where.group >
-      1)  // before any GPU is touched: one line naming what the degree does not divide
+  // Before any GPU is touched: one line naming what the degree does not divide.
+  if (where.group > 1)
     if (const std::string why = device::tensor_parallel_problem(
             w.model->config, where.group, device::ExpertSplit::by_intermediate);
         !why.empty())
