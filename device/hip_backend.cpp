@@ -24,6 +24,7 @@
 #include "device/build_facts.h"
 #include "device/fusion.h"
 #include "device/hip_compat.h"
+#include "device/hip_stage_backend.h"
 #include "device/kernels.h"
 #include "device/runtime/runtime.h"
 #include "device/stage_launch.h"
@@ -32,76 +33,39 @@
 
 namespace parity {
 namespace device {
-namespace {
 
-class HipBackend final : public Backend {
- public:
-  HipBackend(const Model& m, const DeviceOptions& options) : rt_(m, options), c_(m.config) {}
-
-  std::string name() const override { return "hip"; }
-  // The text and policy of the runtime's precision (DeviceOptions::precision).
-  std::string precision() const override {
-    const bool bf16 = rt_.precision() == Precision::bf16;
-    return std::string(bf16 ? "bf16: " : "fp32: ") +
-           "weights in checkpoint dtypes on the device (BF16/F16/F32 matrices, MXFP4 experts "
-           "decoded exactly in-kernel; biases and sinks as exact float32 copies), float32 "
-           "activations and KV cache, float32 accumulation with explicit fma in a fixed order, "
-           "no other contraction (" PARITY_DEVICE_FP_CONTRACT
-           "); MXFP4 experts and BF16 "
-           "projections on BF16 MMA tiles " +
-           (bf16 ? "with each input rounded once to BF16 (nearest even) and float32 "
-                   "accumulation per block of 32"
-                 : "with exact products (weights exact in BF16, inputs split into three BF16 "
-                   "parts summing exactly) and float32 accumulation per block of 32 and part, "
-                   "the parts then added in float32") +
-           "; precise expf/sinf/cosf/sqrtf";
-  }
-  // CUDA's and HIP's expf, sinf, cosf and sqrtf (no fast-math) are within 2 ulp; the policy
-  // allows twice that. bf16: the products' inputs are BF16 operands (the bf16-operands preset;
-  // it declares them for every product stage, the GEMV of F16/F32 weights included, which
-  // rounds nothing: a bound, not the exact error).
-  PrecisionPolicy precision_policy() const override {
-    return rt_.precision() == Precision::bf16 ? PrecisionPolicy::preset("bf16-operands")
-                                              : PrecisionPolicy::float32(4);
-  }
-  nlohmann::json facts() const override { return rt_.facts(); }
-  const Config& config() const override { return c_; }
-
-  void begin_step(const Batch& b) override;
-  void run(Stage s, int layer) override;
-  bool run_step() override;
-  StageData read(Stage s, int layer, int row) override;
-  void write(Stage s, int layer, int row, const StageData& data) override;
-  void reset() override { rt_.clear(); }
-  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override;
-
- private:
-  float* out(Stage s) const { return rt_.arena().out(s); }
-  int32_t* index_out(Stage s) const { return rt_.arena().index_out(s); }
-  float* row_ptr(Stage s, int row) const {
-    if (info(s).shape == Shape::keys)
-      return (s == Stage::scores ? rt_.arena().scores() : rt_.arena().att()) +
-             rt_.step().host().rows[size_t(row)].scores_offset;
-    return out(s) + size_t(row) * stage_row_floats(c_, s);
-  }
-  void check_row(const char* what, Stage s, int layer, int row) const;
-
-  DeviceRuntime rt_;
-  const Config& c_;
-  const std::vector<std::pair<int, Stage>> sequence_ = stage_sequence(c_);  // (layer, stage)
-
-  // The current step, as the graph sees it.
-  Batch batch_;
-  std::bitset<kNumStages> ran_;          // stages run in this step
-  std::bitset<kNumStages> overwritten_;  // written by write() since they last ran
-  std::array<int, kNumStages> ran_layer_{};
-};
+// The text and policy of the runtime's precision (DeviceOptions::precision).
+std::string HipBackend::precision() const {
+  const bool bf16 = rt_.precision() == Precision::bf16;
+  return std::string(bf16 ? "bf16: " : "fp32: ") +
+         "weights in checkpoint dtypes on the device (BF16/F16/F32 matrices, MXFP4 experts "
+         "decoded exactly in-kernel; biases and sinks as exact float32 copies), float32 "
+         "activations and KV cache, float32 accumulation with explicit fma in a fixed order, "
+         "no other contraction (" PARITY_DEVICE_FP_CONTRACT
+         "); MXFP4 experts and BF16 "
+         "projections on BF16 MMA tiles " +
+         (bf16 ? "with each input rounded once to BF16 (nearest even) and float32 "
+                 "accumulation per block of 32"
+               : "with exact products (weights exact in BF16, inputs split into three BF16 "
+                 "parts summing exactly) and float32 accumulation per block of 32 and part, "
+                 "the parts then added in float32") +
+         "; precise expf/sinf/cosf/sqrtf";
+}
+// CUDA's and HIP's expf, sinf, cosf and sqrtf (no fast-math) are within 2 ulp; the policy
+// allows twice that. bf16: the products' inputs are BF16 operands (the bf16-operands preset;
+// it declares them for every product stage, the GEMV of F16/F32 weights included, which
+// rounds nothing: a bound, not the exact error).
+PrecisionPolicy HipBackend::precision_policy() const {
+  return rt_.precision() == Precision::bf16 ? PrecisionPolicy::preset("bf16-operands")
+                                            : PrecisionPolicy::float32(4);
+}
 
 void HipBackend::begin_step(const Batch& b) {
   rt_.begin_step(b);  // validates; throws before anything changes
   batch_ = b;
   ran_.reset();
   overwritten_.reset();
+  reduced_.reset();
 }
 
 void HipBackend::run(Stage s, int layer) {
@@ -115,6 +79,10 @@ void HipBackend::run(Stage s, int layer) {
       covered_part_stale(s, [&](Stage w) { return overwritten_.test(size_t(w)); });
   overwritten_.reset(size_t(s));
   launch_stage(rt_, s, layer, stale);
+  if (rt_.reduced_floats() == 0)
+    reduced_.reset();  // the logits' join took the parts
+  else if (s == Stage::o_proj || s == Stage::moe_out)
+    reduced_ = std::pair{s, layer};
 }
 
 bool HipBackend::run_step() {
@@ -126,7 +94,25 @@ bool HipBackend::run_step() {
     ran_.set(size_t(s));
     ran_layer_[size_t(s)] = layer;
   }
+  reduced_.reset();
   return true;
+}
+
+std::optional<StageData> HipBackend::own_partial(Stage s, int layer, int row) {
+  check_row("read", s, layer, row);
+  const ShardPlan* p = rt_.shard();
+  const int64_t H = c_.hidden_size, n = rt_.reduced_floats();
+  if (p == nullptr || reduced_ != std::pair{s, layer} || n != int64_t(batch_.rows()) * H)
+    return std::nullopt;
+  StageData d;
+  d.type = StageData::Type::F32;
+  d.dims = {size_t(H)};
+  d.f32.resize(size_t(H));
+  const hipStream_t st = rt_.stream();
+  HIP_CHECK(hipMemcpyAsync(d.f32.data(), rt_.reduced_parts() + int64_t(p->rank) * n + row * H,
+                           size_t(H) * sizeof(float), hipMemcpyDeviceToHost, st));
+  HIP_CHECK(hipStreamSynchronize(st));
+  return d;
 }
 
 void HipBackend::check_row(const char* what, Stage s, int layer, int row) const {
@@ -223,7 +209,6 @@ void HipBackend::write(Stage s, int layer, int row, const StageData& data) {
   rt_.forget_split();  // the scratch may hold the split of what was just overwritten
 }
 
-}  // namespace
 }  // namespace device
 
 std::unique_ptr<Backend> make_hip_backend(const Model& m, const device::DeviceOptions& options) {

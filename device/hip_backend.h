@@ -8,6 +8,7 @@
 // This header includes no vendor header, so tools and tests include it with any compiler.
 #pragma once
 #include <memory>
+#include <span>
 #include <string>
 
 #include "device/runtime/copy_bandwidth.h"
@@ -26,5 +27,15 @@ std::unique_ptr<Backend> make_hip_backend(const Model& m, const device::DeviceOp
 // PARITY_DEVICE_MAX_CONTEXT, PARITY_DEVICE_ROWS, PARITY_DEVICE_KV_BYTES, PARITY_DEVICE_SYNC; the
 // memory report on standard error), as the tools call it.
 std::unique_ptr<Backend> make_hip_backend(const Model& m);
+
+// The `hip` backend over a tensor-parallel group (device/hip_group_backend.cpp): rank i on GPU
+// devices[i] holds its part of the model (options.tensor_parallel.experts_split; the degree,
+// rank and communicator are set here), every stage runs on all ranks at once, and the graph
+// reads and writes the model's full rows, gathered from the ranks' and scattered to them; a row
+// read tells how its ranks made it (StageData::shards). Throws parity::Error, one line, when the
+// model cannot be split so, NCCL/RCCL cannot set the group up, or a rank's part does not fit.
+std::unique_ptr<Backend> make_hip_group_backend(const Model& m,
+                                                const device::DeviceOptions& options,
+                                                std::span<const int> devices);
 
 }  // namespace parity

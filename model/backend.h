@@ -5,13 +5,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
 #include "model/precision.h"
+#include "model/row_shards.h"
 #include "model/stages.h"
 
 namespace parity {
@@ -50,6 +51,8 @@ struct StageData {
   std::vector<double> f64;
   std::vector<float> f32;
   std::vector<int32_t> i32;
+  // A tensor-parallel group's row: how its ranks' rows made it (model/row_shards.h).
+  std::optional<RowShards> shards;
 
   size_t size() const;
   double at(size_t i) const;         // any type as double
@@ -117,6 +120,11 @@ class Backend {
   // computed, so that this one runs only the positions after it. Every layer must be given the
   // same number of rows before the sequence's next step. Throws where the backend cannot.
   virtual void load_cache(int /*seq*/, int /*layer*/, const KvRows& /*rows*/);
+  // A tensor-parallel group's stages whose rows are sums of the ranks' partial sums (o_proj and
+  // moe_out, all-reduced; mlp2 split by intermediate columns, gathered by the tracer): each
+  // rank's partial sum of one row in rank order, read right after the stage ran. Empty for other
+  // stages and other backends.
+  virtual std::vector<StageData> partials(Stage, int /*layer*/, int /*row*/) { return {}; }
   // Drops every sequence's KV cache.
   virtual void reset() = 0;
 };

@@ -52,8 +52,13 @@ void forward(Backend& b, const Batch& batch, Observer* observer, const Injection
         apply_injection(*injection, c, row);
         b.write(s, layer, r, row);
       }
-      if (observer != nullptr && batch.seqs[size_t(r)] == 0 && observer->wants(pos, layer, s))
-        observer->record({pos, layer, s, execution_order(c, layer, s)}, b.read(s, layer, r));
+      if (observer != nullptr && batch.seqs[size_t(r)] == 0 && observer->wants(pos, layer, s)) {
+        const StageKey key{pos, layer, s, execution_order(c, layer, s)};
+        observer->record(key, b.read(s, layer, r));
+        const std::vector<StageData> partials = b.partials(s, layer, r);
+        for (size_t rank = 0; rank < partials.size(); ++rank)
+          observer->record_partial(key, int(rank), partials[rank]);
+      }
     }
   });
 }

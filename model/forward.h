@@ -81,6 +81,9 @@ class Observer {
   virtual ~Observer() = default;
   virtual bool wants(int position, int layer, Stage s) const = 0;
   virtual void record(const StageKey& key, const StageData& data) = 0;
+  // A tensor-parallel group's partial sum of rank `rank` before the all-reduce of the row `key`
+  // names (Backend::partials); an observer that keeps none ignores it.
+  virtual void record_partial(const StageKey& /*key*/, int /*rank*/, const StageData& /*data*/) {}
 };
 
 // Runs one step of the graph on one backend. `observer` and `injection` may be null: then the

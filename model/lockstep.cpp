@@ -109,6 +109,9 @@ class Step {
         if (!traced_[size_t(r)] || !cand_obs_->wants(positions_[size_t(r)], layer, s)) continue;
         const StageKey key{positions_[size_t(r)], layer, s, order, Series::output};
         cand_obs_->record(key, cand_.read(s, layer, r));
+        const std::vector<StageData> partials = cand_.partials(s, layer, r);
+        for (size_t rank = 0; rank < partials.size(); ++rank)
+          cand_obs_->record_partial(key, int(rank), partials[rank]);
         if (o_.replay) {
           StageKey rk = key;
           rk.series = Series::replay;

@@ -7,8 +7,8 @@
 #
 # Usage: scripts/device_check.sh [STEP...]
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
-#         hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench (default: all
-#         but the last six)
+#         hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench
+#         tensor-parallel (default: all but the last seven)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # PRECISION (fp32 or bf16: the device's --precision for tiny, hf, 20b, 20b-real, bench,
@@ -389,6 +389,24 @@ step_engine-gpus() {
   grep -E "^run: |^run:   " "$LOG_DIR/engine-gpus.log"
 }
 
+# The engine split over two GPUs (needs two): the tensor-parallel tests (the NCCL group, the
+# rank-order sum, the engine's tokens against one GPU's, the traced group and its planted rank
+# bugs), then the 20b traced split at positions 0 and 200 (reference prefix, replay) and 1000 and
+# 4000 (--skip-reference-prefix), in the device's precision (PRECISION, else fp32).
+step_tensor-parallel() {
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged tensor-parallel "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  logged tensor-parallel "$bin/parity_tests" \
+    --gtest_filter='NcclGroup.*:EngineTensorParallel.*:DeviceKernels.RankSum*:TraceGroup*' --gtest_brief=1
+  local runs=("0:" "200:" "1000:--skip-reference-prefix" "4000:--skip-reference-prefix")
+  for r in "${runs[@]}"; do
+    local pos="${r%%:*}" flag="${r#*:}"
+    logged tensor-parallel "$bin/parity-trace" --model "$MODELS_DIR/20b" --token 5 --pos "$pos" --candidate hip \
+      "${prec[@]}" --tensor-parallel 2 $flag --out "$LOG_DIR/tp-$pos"
+    grep -E "^(PASS|DIVERGED)" "$LOG_DIR/tp-$pos/report.txt" | cut -c1-300 | sed "s/^/  pos $pos: /"
+    rm -rf "$LOG_DIR/tp-$pos"
+  done
+}
+
 # fp32 against bf16 on the same machine, one after the other: batch-1 decode (parity-bench), 64
 # and 256 concurrent requests (128 tokens each), prefill of 16 prompts of about 2,000 tokens;
 # the outputs' greedy tokens of the two precisions compared (how many requests differ).
@@ -443,8 +461,10 @@ step_serving-bench() {
 for s in "${steps[@]}"; do
   case "$s" in
     build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
-      hf-generate | engine-gpus | hf-capture | long-pos | precision-bench | serving-bench) "step_$s" ;;
+      hf-generate | engine-gpus | hf-capture | long-pos | precision-bench | serving-bench | \
+      tensor-parallel) "step_$s" ;;
     *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
-         "engine-bench hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench)"; exit 2 ;;
+         "engine-bench hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench"\
+         "tensor-parallel)"; exit 2 ;;
   esac
 done

@@ -1,6 +1,8 @@
 // Tests of the differ, the tolerance profiles, the reports and the parity-diff tool: metrics on
 // hand-computed cases, non-finite handling, missing datasets, first-divergence order, routing
 // flips, refusal of mismatched models, and the tool's exit codes 0/1/2.
+#include "tracer/differ.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,16 +12,16 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <pugixml.hpp>
 #include <sstream>
 
-#include <pugixml.hpp>
-
 #include "model/error.h"
-#include "tracer/differ.h"
+#include "tests/test_util.h"
+#include "tracer/bounds.h"
 #include "tracer/escape.h"
 #include "tracer/profiles.h"
 #include "tracer/report.h"
-#include "tests/test_util.h"
 #include "tracer/trace_file.h"
 
 namespace parity {
@@ -426,6 +428,131 @@ TEST_F(DiffTraces, PerStageOverrideLoosensOneStage) {
   EXPECT_EQ(dataset(r, "/pos_0/layer_0/attn_norm").status, DatasetStatus::Fail);
   EXPECT_EQ(r.first_divergence->stage, Stage::attn_norm);
   EXPECT_FALSE(diff(a, b, tolerance_profile("bf16")).diverged());
+}
+
+// A tensor-parallel group's rows (RowShards): a failing element of a split stage is blamed on
+// the rank that computed it; what the gathering of the ranks' rows found fails the dataset even
+// when its values are within the bound, naming the rank.
+StageData with_shards(StageData d, RowShards s) {
+  d.shards = std::move(s);
+  return d;
+}
+
+TEST_F(DiffTraces, AGroupsDivergenceNamesTheRankThatComputedTheElement) {
+  const std::vector<double> ref = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  std::vector<double> cand = ref;
+  cand[6] += 0.5;  // in rank 1's range
+  RowShards split{"ranges", 2, {{0, 0, 4}, {1, 4, 8}}, "", -1};
+  const DiffResult r = diff({{0, kModelLayer, Stage::embedding, with_shards(f32(cand), split)}},
+                            {{0, kModelLayer, Stage::embedding, f64(ref)}});
+  ASSERT_TRUE(r.first_divergence);
+  EXPECT_EQ(r.first_divergence->rank, 1);
+  EXPECT_EQ(r.first_divergence->ranks, 2);
+  EXPECT_NE(verdict_line(r).find("rank 1 of 2"), std::string::npos) << verdict_line(r);
+  EXPECT_EQ(report_json(r)["first_divergence"]["rank"], 1);
+  // Within the bound, the same row passes and names no rank.
+  const DiffResult ok = diff({{0, kModelLayer, Stage::embedding, with_shards(f32(ref), split)}},
+                             {{0, kModelLayer, Stage::embedding, f64(ref)}});
+  EXPECT_FALSE(ok.diverged()) << verdict_line(ok);
+}
+
+TEST_F(DiffTraces, WhatTheGatheringFoundFailsTheDatasetAndNamesItsRank) {
+  const std::vector<double> v = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  RowShards reduced{"reduced",
+                    2,
+                    {},
+                    "o_proj: rank 1's all-reduced element 3 is 0.4, the ranks' "
+                    "partial sums add to 0.8",
+                    1};
+  const DiffResult r = diff(
+      {{0, 0, Stage::attn_norm, with_shards(f32(v), reduced)}, {0, 1, Stage::attn_norm, f32(v)}},
+      {{0, 0, Stage::attn_norm, f64(v)}, {0, 1, Stage::attn_norm, f64(v)}});
+  ASSERT_TRUE(r.first_divergence);
+  EXPECT_EQ(r.first_divergence->path, "/pos_0/layer_0/attn_norm");
+  EXPECT_EQ(r.first_divergence->rank, 1);
+  EXPECT_EQ(r.failed_datasets(), 1u);
+  EXPECT_NE(verdict_line(r).find("tensor parallel: o_proj: rank 1's all-reduced"),
+            std::string::npos)
+      << verdict_line(r);
+}
+
+TEST_F(DiffTraces, AGroupsRowsAndPartialSumsSurviveTheTrace) {
+  const std::vector<double> v = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  RowShards split{"ranges", 2, {{1, 0, 3}, {0, 3, 8}}, "ranks differ", 0};
+  TraceWriter w(a_path, meta_for(c, "hip"));
+  const StageKey key{0, 1, Stage::o_proj, execution_order(c, 1, Stage::o_proj)};
+  w.record(key, with_shards(f32(v), split));
+  w.record_partial(key, 0, f32(std::vector<double>(8, 0.25)));
+  w.record_partial(key, 1, f32(v));
+  EXPECT_THROW(w.record_partial(key, 1, f32(v)), Error);      // recorded twice
+  EXPECT_THROW(w.record_partial(key, 2, f32({1.0})), Error);  // not a row of the stage
+  w.finish();
+  const TraceReader a(a_path);
+  const std::string path = trace_dataset_path(0, 1, Stage::o_proj);
+  ASSERT_TRUE(a.shards(path));
+  EXPECT_EQ(*a.shards(path), split);
+  EXPECT_EQ(a.read(path).shards, split);
+  EXPECT_EQ(a.entries().size(), 1u);  // /partials are beside the rows, not rows
+  EXPECT_EQ(a.partial_ranks(), 2);
+  EXPECT_EQ(a.read(trace_partial_path(1, 0, 1, Stage::o_proj)).f32, f32(v).f32);
+  EXPECT_FALSE(a.has(trace_partial_path(2, 0, 1, Stage::o_proj)));
+}
+
+// moe_out of a group whose mlp2 rows are gathered partial sums: the bound counts the products
+// the ranks summed (their magnitudes, which cancel in the gathered row) and the row's rounding.
+class FixedBoundSource final : public BoundSource {
+ public:
+  std::map<Stage, StageData> rows;
+  std::vector<StageData> parts;
+  const StageData& output(Stage s, int) override { return rows.at(s); }
+  const StageData* magnitude(Stage, int) override { return nullptr; }
+  std::vector<const StageData*> partials(Stage s, int) override {
+    std::vector<const StageData*> out;
+    if (s == Stage::mlp2)
+      for (const StageData& p : parts) out.push_back(&p);
+    return out;
+  }
+};
+
+TEST(DerivedBounds, AGroupsMoeOutIsHeldToTheProductsItsRanksSummed) {
+  Config c = diff_config();
+  const size_t k = size_t(c.num_experts_per_tok), H = size_t(c.hidden_size);
+  FixedBoundSource src;
+  src.rows[Stage::topk_w] = f64(std::vector<double>(k, 1.0 / double(k)));
+  src.rows[Stage::mlp2] = f64(std::vector<double>(k * H, 1e-3), {k, H});
+  src.rows[Stage::moe_out] = f64(std::vector<double>(H, 1e-3));
+  const BoundOptions o;
+  const PrecisionPolicy p = PrecisionPolicy::float32(4);
+  const std::vector<double> one = derive_bound(c, Stage::moe_out, 0, 0, src, p, o);
+  // Two ranks whose parts (+-1 around the sum) nearly cancel.
+  src.parts = {f64(std::vector<double>(k * H, 1.0 + 5e-4), {k, H}),
+               f64(std::vector<double>(k * H, -1.0 + 5e-4), {k, H})};
+  const std::vector<double> two = derive_bound(c, Stage::moe_out, 0, 0, src, p, o);
+  ASSERT_EQ(one.size(), H);
+  ASSERT_EQ(two.size(), H);
+  EXPECT_GT(two[0], 1000 * one[0]);  // |parts| ~ 2000 |sum|
+  EXPECT_LT(two[0], 2e-5);           // and no more than the parts' own roundings
+}
+
+TEST(RowShardsText, RoundTripsAndRefusesWhatIsNotAGroupsRow) {
+  const RowShards s{"ranges", 3, {{0, 0, 2}, {2, 2, 5}, {1, 5, 9}}, "", -1};
+  std::string why;
+  EXPECT_EQ(RowShards::parse(s.text(), 9, why), s) << why;
+  EXPECT_EQ(s.rank_of(4), 2);
+  EXPECT_EQ(s.rank_of(9), -1);
+  for (const char* bad :
+       {"", "ranges", "sliced 2", "ranges 0", "ranges 2 0:0-4 2:4-8", "ranges 2 0:0-4 1:3-8",
+        "ranges 2 0:0-9", "ranges 2 0:4-4", "replicated 2 0:0-4", "ranges 2  0:0-4",
+        "ranges 2 0:-1-4", "ranges 2 0:0x1-4", "ranges 99999 0:0-4"})
+    EXPECT_FALSE(RowShards::parse(bad, 8, why)) << bad;
+}
+
+TEST_F(DiffTraces, AShardsAttributeThatIsNotAGroupsRowIsRefusedNamingTheFile) {
+  const std::vector<double> v = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  write_trace(a_path, c, meta_for(c, "hip"),
+              {{0, kModelLayer, Stage::embedding,
+                with_shards(f32(v), RowShards{"ranges", 2, {{0, 0, 4}, {1, 4, 12}}, "", -1})}});
+  expect_error([&] { TraceReader a(a_path); }, {a_path, "shards", "range 2"});
 }
 
 TEST_F(DiffTraces, RefusesTracesOfDifferentModels) {

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "device/runtime/options.h"
+#include "device/runtime/shard_plan.h"
 #include "model/error.h"
 #include "model/synth.h"
 #include "model/untrusted.h"
@@ -24,6 +25,7 @@
 #include "tracer/report.h"
 #ifdef PARITY_HAVE_DEVICE
 #include "device/hip_backend.h"
+#include "device/runtime/device.h"
 #endif
 
 namespace parity {
@@ -92,16 +94,33 @@ device::Precision backend_precision_option(const std::string& name, const std::s
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
-                                      std::optional<device::Precision> precision) {
+                                      std::optional<device::Precision> precision,
+                                      int tensor_parallel) {
   // 0 sequences, 0 positions: the environment's sizes as they are.
-  return make_batched_backend(name, model, 0, 0, precision);
+  return make_batched_backend(name, model, 0, 0, precision, tensor_parallel);
 }
 
 std::unique_ptr<Backend> make_batched_backend(const std::string& name_given, const Model& model,
                                               int sequences, int context,
-                                              std::optional<device::Precision> precision) {
+                                              std::optional<device::Precision> precision,
+                                              int tensor_parallel) {
   const std::string name = backend_name(name_given);
   if (precision) check_backend_precision(name_given, *precision);
+  if (tensor_parallel < 1) fail("--tensor-parallel {}: give 1 or more GPUs", tensor_parallel);
+  if (tensor_parallel > 1) {
+    if (name != "hip")
+      fail("--tensor-parallel {}: the device backend's (--candidate hip), not {}'s",
+           tensor_parallel, quoted(name_given, 40));
+#ifdef PARITY_HAVE_DEVICE
+    if (const int gpus = device_count(); tensor_parallel > gpus)
+      fail("--tensor-parallel {} takes {} GPUs, but this host has {}", tensor_parallel,
+           tensor_parallel, gpus);
+#endif
+    if (const std::string why = device::tensor_parallel_problem(
+            model.config, tensor_parallel, device::ExpertSplit::by_intermediate);
+        !why.empty())
+      fail("--tensor-parallel {}: {}: {}", tensor_parallel, model.dir, why);
+  }
   if (name == "reference") return make_reference_backend(model);
   if (name == "cpu-f32") return make_cpu_f32_backend(model);
 #ifdef PARITY_HAVE_DEVICE
@@ -110,7 +129,10 @@ std::unique_ptr<Backend> make_batched_backend(const std::string& name_given, con
     if (o.max_context == 0) o.max_context = context;
     if (o.kv_sequences > 0) o.kv_sequences = std::max(o.kv_sequences, sequences);
     if (precision) o.precision = *precision;
-    return make_hip_backend(model, o);
+    if (tensor_parallel == 1) return make_hip_backend(model, o);
+    std::vector<int> devices(static_cast<size_t>(tensor_parallel));
+    for (int r = 0; r < tensor_parallel; ++r) devices[size_t(r)] = r;
+    return make_hip_group_backend(model, o, devices);
   }
 #else
   (void)sequences;

@@ -32,15 +32,19 @@ bool is_device_backend(const std::string& name);
 // The device backend takes its options from the environment (device_options_from_environment);
 // `precision`, when given (a tool's --precision), replaces the products' precision
 // (PARITY_DEVICE_PRECISION, else fp32). A host backend takes none or fp32.
+// `tensor_parallel` > 1 (a tool's --tensor-parallel): the device backend over a group of that
+// many GPUs (0, 1, ...), the model split over them (make_hip_group_backend); refused, one line,
+// for a host backend, a degree the model cannot be split by, or more GPUs than the host has.
 std::unique_ptr<Backend> make_backend(const std::string& name, const Model& model,
-                                      std::optional<device::Precision> precision = std::nullopt);
+                                      std::optional<device::Precision> precision = std::nullopt,
+                                      int tensor_parallel = 1);
 std::string default_candidate();  // hip when a device is present, else cpu-f32
 // make_backend for `sequences` sequences of up to `context` positions decoded together: the
 // device backend's KV cache holds them unless PARITY_DEVICE_KV_BYTES or
 // PARITY_DEVICE_MAX_CONTEXT says otherwise (the host backends hold any number).
 std::unique_ptr<Backend> make_batched_backend(
     const std::string& name, const Model& model, int sequences, int context,
-    std::optional<device::Precision> precision = std::nullopt);
+    std::optional<device::Precision> precision = std::nullopt, int tensor_parallel = 1);
 
 // The precision a tool's `--precision NAME` names for the backend of its --backend, checked
 // before any work: an unknown name is parse_precision's error ("--precision NAME: not a

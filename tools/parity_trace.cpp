@@ -389,6 +389,14 @@ int trace_main(int argc, char** argv) {
                  "output directory for reference.h5, candidate.h5 and the reports (report.txt, "
                  ".json, .xml (JUnit), .html)")
       ->required();
+  int tensor_parallel = 1;
+  add_decimal_option(
+      app, "--tensor-parallel", tensor_parallel,
+      "with --candidate hip: split the model over N GPUs as `run --tensor-parallel N` does (its "
+      "heads, its experts' intermediate columns, its vocabulary); every stage's rows are gathered "
+      "from the ranks into the reference's shape, each rank's partial sums before an all-reduce "
+      "are traced (/partials), and a divergence names the rank behind it",
+      1);
   std::string candidate_trace, precision;
   auto* o_precision = app.add_option(
       "--precision", precision,
@@ -417,8 +425,8 @@ int trace_main(int argc, char** argv) {
   // file asked for, with the error line in it.
   const auto run = [&]() -> int {
     if (o_capture->count() > 0) {
-      for (const char* flag :
-           {"--candidate", "--inject", "--generate", "--free-run", "--no-replay"})
+      for (const char* flag : {"--candidate", "--inject", "--generate", "--free-run", "--no-replay",
+                               "--tensor-parallel"})
         if (app.get_option(flag)->count() > 0)
           fail("{} does not apply to --candidate-trace (the capture is the candidate)", flag);
       // Refuses a truncated or foreign file, or one that is not a capture, naming it.
@@ -509,7 +517,8 @@ int trace_main(int argc, char** argv) {
     if (skip_prefix) {
       t0 = std::chrono::steady_clock::now();
       // A device cache as long as the prompt (its default is 4,096 positions).
-      auto cand = make_batched_backend(candidate, *m, 1, int(lo.prompt.size()), device_precision);
+      auto cand = make_batched_backend(candidate, *m, 1, int(lo.prompt.size()), device_precision,
+                                       tensor_parallel);
       phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
       return trace_skipping_prefix(*m, *cand, lo.prompt, lo.injection, step_rows, criterion, out,
                                    junit_path, phases);
@@ -519,7 +528,7 @@ int trace_main(int argc, char** argv) {
     phases.push_back({"reference setup", since(t0)});
     t0 = std::chrono::steady_clock::now();
     // The device backend uploads the weights here.
-    auto cand = make_backend(candidate, *m, device_precision);
+    auto cand = make_backend(candidate, *m, device_precision, tensor_parallel);
     phases.push_back({"candidate setup (" + cand->name() + ")", since(t0)});
     check_lockstep(lo, *reference, *cand);
 

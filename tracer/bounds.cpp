@@ -291,18 +291,29 @@ std::vector<double> swiglu(const Units& u, const Config& c, int layer, BoundSour
 }
 
 // moe_out: y_i = sum over the k slots of w_s e_si, w and e read from storage, each product
-// stored (x_e) before the sum by an eager port.
+// stored (x_e) before the sum by an eager port. A tensor-parallel group whose mlp2 rows are the
+// gathered sums of its ranks' partial rows p_rs (BoundSource::partials) summed the k x ranks
+// products w_s p_rsi itself, and its traced e_s is their sum rounded once to storage: the sum's
+// terms are those products (their magnitude sum |w_s| sum_r |p_rsi| >= sum |w_s e_si|, more
+// where the ranks' parts cancel), and e's rounding adds u_s sum |w_s e_si|.
 std::vector<double> moe_out(const Units& u, const Config& c, int layer, BoundSource& src) {
   const StageData& y = src.output(Stage::moe_out, layer);
   const StageData& w = src.output(Stage::topk_w, layer);
   const StageData& e = src.output(Stage::mlp2, layer);
   const size_t k = w.size(), H = elements(y);
   check_size(e, k * H, Stage::moe_out, "its input mlp2");
+  const std::vector<const StageData*> parts = src.partials(Stage::mlp2, layer);
+  for (const StageData* p : parts) check_size(*p, k * H, Stage::moe_out, "a rank's partial mlp2");
+  const double terms = double(c.num_experts_per_tok) * double(std::max<size_t>(parts.size(), 1));
   std::vector<double> b(H);
   for (size_t i = 0; i < H; ++i) {
-    double mag = 0;
-    for (size_t s = 0; s < k; ++s) mag += std::fabs(w.at(s) * e.at(s * H + i));
-    b[i] = sum_bound(u, double(c.num_experts_per_tok), mag, y.at(i), 2) + u.xe() * mag;
+    double mag = 0, split = 0;
+    for (size_t s = 0; s < k; ++s) {
+      mag += std::fabs(w.at(s) * e.at(s * H + i));
+      for (const StageData* p : parts) split += std::fabs(w.at(s) * p->at(s * H + i));
+    }
+    b[i] = parts.empty() ? sum_bound(u, terms, mag, y.at(i), 2) + u.xe() * mag
+                         : sum_bound(u, terms, split, y.at(i), 2) + u.xe() * split + u.us * mag;
   }
   return b;
 }

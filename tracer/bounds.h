@@ -73,6 +73,10 @@ class BoundSource {
   virtual const StageData* magnitude(Stage s, int layer) = 0;
   // |bias| per element of a projection (stage, layer), or null when the trace has none.
   virtual const StageData* bias(Stage, int /*layer*/) { return nullptr; }
+  // A tensor-parallel candidate's partial sums of (stage, layer), one row per rank, where its
+  // row of the stage is their gathered sum and the next stage summed the partials themselves
+  // (mlp2's, split by intermediate columns, which moe_out adds up per rank); empty otherwise.
+  virtual std::vector<const StageData*> partials(Stage, int /*layer*/) { return {}; }
 };
 
 // Per-element bound of stage (s, layer) at `position`, one per element of its output row. For a

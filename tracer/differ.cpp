@@ -515,6 +515,18 @@ class RecomputeBoundSource final : public BoundSource {
   const StageData* bias(Stage s, int layer) override {
     return row(b_, s, layer, Series::recompute_bias);
   }
+  // A's own rows are the inputs here: a tensor-parallel group's partial sums where it traced them.
+  std::vector<const StageData*> partials(Stage s, int layer) override {
+    std::vector<const StageData*> out;
+    for (int r = 0; r < a_.partial_ranks(); ++r) {
+      const std::string path = trace_partial_path(r, position_, layer, s);
+      if (!a_.has(path)) return {};
+      auto it = rows_.find(path);
+      if (it == rows_.end()) it = rows_.emplace(path, a_.read(path)).first;
+      out.push_back(&it->second);
+    }
+    return out;
+  }
 
  private:
   const StageData* row(const TraceReader& t, Stage s, int layer, Series series) {
@@ -649,6 +661,7 @@ class DatasetJudge {
       return;
     }
     d.status = judged->failed ? DatasetStatus::Fail : DatasetStatus::Pass;
+    attribute_rank(d, has_replay ? replay_path : d.path);
   }
 
  private:
@@ -659,6 +672,32 @@ class DatasetJudge {
     std::optional<StageData> local_b;  // what it is held to under recompute: B's recompute
     const StageData& local_ref() const { return local_b ? *local_b : *b; }
   };
+
+  // A row of a tensor-parallel group (A's "shards" attributes): what the gathering of its ranks'
+  // rows found fails the dataset, naming the rank (a replicated stage whose copies differ, an
+  // all-reduce that is not the sum of the partial sums); a failing element of a split stage is
+  // blamed on the rank that computed it.
+  void attribute_rank(DatasetDiff& d, const std::string& judged_path) const {
+    for (const std::string& path : {judged_path, d.path}) {
+      const std::optional<RowShards> sh = a_.shards(path);
+      if (!sh || sh->problem.empty()) continue;
+      d.status = DatasetStatus::Fail;
+      d.ranks = sh->ranks;
+      d.rank = sh->problem_rank;
+      d.rank_note = sh->problem;
+      return;
+    }
+    const std::optional<RowShards> sh = a_.shards(judged_path);
+    if (!sh || d.status != DatasetStatus::Fail) return;
+    d.ranks = sh->ranks;
+    const SideDiff* side = d.judged_side();
+    const std::optional<ElementMismatch>& e =
+        side->values.worst ? side->values.worst : side->values.first_mismatch;
+    if (sh->kind != "ranges" || !e) return;
+    d.rank = sh->rank_of(int64_t(e->index));
+    if (d.rank >= 0)
+      d.rank_note = fmt::format("element {} is of rank {}'s part of the row", e->index, d.rank);
+  }
 
   bool derived() const { return r_.criterion.kind == Criterion::Kind::derived; }
   BoundOptions bound_options(bool recompute) const {
@@ -841,6 +880,9 @@ std::optional<FirstDivergence> first_divergence(const DiffResult& result, const 
     f.status = d.status;
     f.judged = d.judged;
     f.amplification = d.amplification;
+    f.ranks = d.ranks;
+    f.rank = d.rank;
+    f.rank_note = d.rank_note;
     if (d.status == DatasetStatus::Fail) {
       const SideDiff& s = *d.judged_side();
       if (d.is_decision()) {

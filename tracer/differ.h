@@ -163,6 +163,13 @@ struct DatasetDiff {
   std::vector<int32_t> slot_experts;
   size_t rerouted_slots = 0;  // accumulated: rows whose expert differs from the reference's
   double amplification = 0;   // accumulated max abs err / local max abs err; NaN if undefined
+  // A's row made by a tensor-parallel group (its "shards" attributes): the group's ranks; the
+  // rank behind the failure -- the one the gathering of the ranks' rows named (which fails the
+  // dataset whatever the values), or the one that computed the failing element -- or -1; and
+  // what the gathering found, or which range holds the element.
+  int ranks = 0;
+  int rank = -1;
+  std::string rank_note;
 
   bool failed() const {
     return status != DatasetStatus::Pass && status != DatasetStatus::NotCaptured &&
@@ -194,6 +201,8 @@ struct FirstDivergence {
   std::optional<ScaleCheck> scale;         // a norm's row scale, when it failed
   std::optional<double> accumulated_abs_err;  // at the same element, when A has it
   double amplification = 0;
+  int ranks = 0, rank = -1;  // a tensor-parallel group's rank behind it (DatasetDiff::rank)
+  std::string rank_note;
 };
 
 struct TraceSide {

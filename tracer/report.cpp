@@ -488,6 +488,7 @@ std::string verdict_text(const DiffResult& r) {
                           : fmt::format("position {}, layer {}, stage {}", f.position, f.layer,
                                         name(f.stage));
   if (f.expert) where += fmt::format(" (expert {})", *f.expert);
+  if (f.rank >= 0) where += fmt::format(", rank {} of {}", f.rank, f.ranks);
   std::string what;
   const auto it = std::find_if(r.datasets.begin(), r.datasets.end(),
                                [&](const DatasetDiff& d) { return d.path == f.path; });
@@ -523,6 +524,7 @@ std::string verdict_text(const DiffResult& r) {
       what += fmt::format("; accumulated error there {}, amplification {}",
                           num(*f.accumulated_abs_err), num(f.amplification));
   }
+  if (!f.rank_note.empty()) what += "; tensor parallel: " + f.rank_note;
   return fmt::format("DIVERGED: {} of {} datasets differ {}; first divergence at {}: {}{}",
                      r.failed_datasets(), n, how, where, what, not_captured);
 }
@@ -715,7 +717,10 @@ json report_json(const DiffResult& r) {
                                : json(nullptr)},
              {"accumulated_abs_err",
               f.accumulated_abs_err ? json_number(*f.accumulated_abs_err) : json(nullptr)},
-             {"amplification", json_number(f.amplification)}};
+             {"amplification", json_number(f.amplification)},
+             {"ranks", f.ranks},
+             {"rank", f.rank >= 0 ? json(f.rank) : json(nullptr)},
+             {"rank_note", f.rank_note}};
   }
   json datasets = json::array();
   for (const auto& d : r.datasets) {

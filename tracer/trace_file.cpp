@@ -41,6 +41,8 @@ namespace fs = std::filesystem;
 constexpr size_t kMaxShortString = 4096;       // backend, fingerprint, paths, versions, dates
 constexpr size_t kMaxStageName = 64;           // the "stage" attribute of a dataset
 constexpr size_t kMaxLayout = 128;              // the "layout" attribute of a captured dataset
+constexpr size_t kMaxShards = 64u << 10;        // the "shards" attribute of a group's row
+constexpr size_t kMaxShardProblem = 2048;       // its "shard_problem" attribute
 constexpr size_t kMaxJsonString = 16u << 20;   // config, device, run, precision_policy
 constexpr size_t kMaxRunId = 64;
 constexpr int64_t kMaxListLength = int64_t(1) << 26;  // tokens, positions (2^24 is the context)
@@ -588,6 +590,11 @@ struct TraceWriter::Impl {
   std::string abandoned_because;
   bool redirected = false;
 
+  // One row's dataset at ds_path (its groups exist): the values in their type, the key's
+  // attributes, the layout and a group's shards where given. Throws WriteFailure.
+  void write_row(const std::string& ds_path, const StageKey& key, const StageData& data,
+                 std::string_view layout);
+
   ~Impl() {
     if (state == State::writing) abandon();  // an unfinished trace must not survive
   }
@@ -800,6 +807,44 @@ bool TraceWriter::wants(int position, int, Stage) const {
   return impl_->positions.empty() || impl_->positions.contains(position);
 }
 
+void TraceWriter::Impl::write_row(const std::string& ds_path, const StageKey& key,
+                                  const StageData& data, std::string_view layout) {
+  Impl& w = *this;
+  const StageInfo& si = info(key.stage);
+  const std::string doing = "writing " + ds_path;
+  std::vector<hsize_t> dims(data.dims.begin(), data.dims.end());
+  const Hid space =
+      w.make(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose, doing);
+  hid_t file_type = H5T_IEEE_F64LE, mem_type = H5T_NATIVE_DOUBLE;
+  const void* values = data.f64.data();
+  if (data.type == StageData::Type::F32) {
+    file_type = H5T_IEEE_F32LE;
+    mem_type = H5T_NATIVE_FLOAT;
+    values = data.f32.data();
+  } else if (data.type == StageData::Type::I32) {
+    file_type = H5T_STD_I32LE;
+    mem_type = H5T_NATIVE_INT32;
+    values = data.i32.data();
+  }
+  Hid ds = w.make(H5Dcreate2(w.file.get(), ds_path.c_str(), file_type, space.get(), H5P_DEFAULT,
+                             H5P_DEFAULT, H5P_DEFAULT),
+                  H5Dclose, doing);
+  w.check(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) >= 0, doing);
+  w.write_string_attr(ds.get(), "stage", si.name, ds_path);
+  w.write_int_attr(ds.get(), "layer", key.layer, ds_path);
+  w.write_int_attr(ds.get(), "position", key.position, ds_path);
+  w.write_int_attr(ds.get(), "order", key.order, ds_path);
+  if (!layout.empty()) w.write_string_attr(ds.get(), "layout", layout, ds_path);
+  if (data.shards) {
+    w.write_string_attr(ds.get(), "shards", data.shards->text(), ds_path);
+    if (!data.shards->problem.empty()) {
+      w.write_string_attr(ds.get(), "shard_problem", data.shards->problem, ds_path);
+      w.write_int_attr(ds.get(), "shard_problem_rank", data.shards->problem_rank, ds_path);
+    }
+  }
+  w.check(ds.close() >= 0, doing);
+}
+
 void TraceWriter::record(const StageKey& key, const StageData& data) { record(key, data, {}); }
 
 void TraceWriter::record(const StageKey& key, const StageData& data, std::string_view layout) {
@@ -838,30 +883,39 @@ void TraceWriter::record(const StageKey& key, const StageData& data, std::string
     if (!prefix.empty()) w.ensure_group(prefix);
     w.ensure_group(fmt::format("{}/pos_{}", prefix, key.position));
     w.ensure_group(ds_path.substr(0, ds_path.rfind('/')));
-    const std::string doing = "writing " + ds_path;
-    std::vector<hsize_t> dims(data.dims.begin(), data.dims.end());
-    const Hid space = w.make(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose, doing);
-    hid_t file_type = H5T_IEEE_F64LE, mem_type = H5T_NATIVE_DOUBLE;
-    const void* values = data.f64.data();
-    if (data.type == StageData::Type::F32) {
-      file_type = H5T_IEEE_F32LE;
-      mem_type = H5T_NATIVE_FLOAT;
-      values = data.f32.data();
-    } else if (data.type == StageData::Type::I32) {
-      file_type = H5T_STD_I32LE;
-      mem_type = H5T_NATIVE_INT32;
-      values = data.i32.data();
-    }
-    Hid ds = w.make(H5Dcreate2(w.file.get(), ds_path.c_str(), file_type, space.get(), H5P_DEFAULT,
-                               H5P_DEFAULT, H5P_DEFAULT),
-                    H5Dclose, doing);
-    w.check(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values) >= 0, doing);
-    w.write_string_attr(ds.get(), "stage", si.name, ds_path);
-    w.write_int_attr(ds.get(), "layer", key.layer, ds_path);
-    w.write_int_attr(ds.get(), "position", key.position, ds_path);
-    w.write_int_attr(ds.get(), "order", key.order, ds_path);
-    if (!layout.empty()) w.write_string_attr(ds.get(), "layout", layout, ds_path);
-    w.check(ds.close() >= 0, doing);
+    w.write_row(ds_path, key, data, layout);
+  } catch (const WriteFailure& failure) {
+    w.fail_abandoned(failure);
+  }
+  w.datasets.insert(ds_path);
+}
+
+void TraceWriter::record_partial(const StageKey& key, int rank, const StageData& data) {
+  Impl& w = *impl_;
+  w.require_writing("record_partial()");
+  if (info(key.stage).scope == Scope::Model || key.layer < 0 ||
+      key.layer >= w.config.num_hidden_layers || key.position < 0 || rank < 0 ||
+      rank >= RowShards::kMaxRanks || data.type == StageData::Type::I32 ||
+      data.dims != stage_dims(w.config, key.stage, key.position) || data.size() != [&] {
+        size_t n = 1;
+        for (size_t d : data.dims) n *= d;
+        return n;
+      }())
+    fail(
+        "{}: rank {}'s partial sum of {} at layer {}, position {}: not a real row of that "
+        "stage",
+        w.path, rank, name(key.stage), key.layer, key.position);
+  const std::string rank_group = fmt::format("/partials/rank_{}", rank);
+  const std::string ds_path = trace_partial_path(rank, key.position, key.layer, key.stage);
+  if (w.datasets.contains(ds_path)) fail("{}: {} recorded twice", w.path, ds_path);
+  try {
+    w.ensure_group("/partials");
+    w.ensure_group(rank_group);
+    w.ensure_group(fmt::format("{}/pos_{}", rank_group, key.position));
+    w.ensure_group(ds_path.substr(0, ds_path.rfind('/')));
+    StageKey k = key;
+    k.series = Series::output;
+    w.write_row(ds_path, k, data, {});
   } catch (const WriteFailure& failure) {
     w.fail_abandoned(failure);
   }
@@ -953,6 +1007,8 @@ struct TraceReader::Impl {
   std::vector<TraceEntry> entries;       // output series
   std::map<std::string, StageKey> keys;  // every series, by path
   std::map<std::string, std::string> layouts;  // the "layout" attribute, where a dataset has one
+  std::map<std::string, RowShards> shards_of;  // the "shards" attributes, where a dataset has them
+  int partial_ranks = 0;                       // rank groups under /partials (the highest + 1)
   struct CacheRows {
     int count = 0;  // -1: k_rope and v disagree
     std::string k_path, v_path;
@@ -1083,6 +1139,9 @@ struct TraceReader::Impl {
              std::tie(y.key.position, y.key.order, y.path);
     });
     meta.replay = series.contains(Series::replay);
+    const auto partials =
+        std::find_if(top.begin(), top.end(), [](const Link& l) { return l.name == "partials"; });
+    if (partials != top.end()) index_partials(root, *partials);
     const auto cache = std::find_if(top.begin(), top.end(), [](const Link& l) { return l.name == "cache"; });
     if (cache != top.end()) index_cache(root, *cache);
   }
@@ -1122,7 +1181,27 @@ struct TraceReader::Impl {
     }
   }
 
-  void index_series(hid_t top, const std::vector<Link>& members, const std::string& prefix, Series s) {
+  // /partials/rank_<r>/pos_<P>/layer_<L>/<stage>: a tensor-parallel group's partial sums, rows
+  // of their stage's shape, checked as every row is; found by path, never outputs to compare.
+  void index_partials(hid_t root, const Link& link) {
+    const Hid g = open_member(root, link, "/partials", H5I_GROUP, "a group of partial sums");
+    for (const Link& rank_link : nonempty_links(g.get(), "/partials")) {
+      const std::string rank_path = "/partials/" + rank_link.name;
+      const auto rank = rank_link.name.starts_with("rank_")
+                            ? parse_index(std::string_view(rank_link.name).substr(5))
+                            : std::nullopt;
+      if (!rank || *rank >= RowShards::kMaxRanks)
+        fail("{}: {} is not a group named rank_<rank> (below {})", path, shown(rank_path),
+             RowShards::kMaxRanks);
+      const Hid rg =
+          open_member(g.get(), rank_link, rank_path, H5I_GROUP, "a group named rank_<rank>");
+      index_series(rg.get(), nonempty_links(rg.get(), rank_path), rank_path, Series::output, true);
+      partial_ranks = std::max(partial_ranks, *rank + 1);
+    }
+  }
+
+  void index_series(hid_t top, const std::vector<Link>& members, const std::string& prefix,
+                    Series s, bool partial_rows = false) {
     for (const Link& pos_link : members) {
       if (!pos_link.name.starts_with("pos_")) continue;  // room for users' own annotations
       const std::string pos_path = prefix + "/" + pos_link.name;
@@ -1148,13 +1227,13 @@ struct TraceReader::Impl {
         const Hid scope_group = open_member(pos_group.get(), scope_link, scope_path, H5I_GROUP,
                                             "a group named model or layer_<layer>");
         for (const Link& ds_link : nonempty_links(scope_group.get(), scope_path))
-          add_entry(scope_group.get(), scope_path, ds_link, *position, *layer, s);
+          add_entry(scope_group.get(), scope_path, ds_link, *position, *layer, s, partial_rows);
       }
     }
   }
 
   void add_entry(hid_t group, const std::string& group_path, const Link& link, int position,
-                 int layer, Series s) {
+                 int layer, Series s, bool partial_row) {
     const std::string ds_path = group_path + "/" + link.name;
     const auto stage = stage_from_name(link.name);
     if (!stage) fail("{}: {} is not a dataset named after a stage", path, shown(ds_path));
@@ -1179,12 +1258,29 @@ struct TraceReader::Impl {
     (void)check_array(ds.get(), ds_path, stage_dims(config, *stage, position), info(*stage).kind,
                       fmt::format("a {} row at position {}", name(*stage), position), name(*stage));
     keys.emplace(ds_path, key);
+    if (attrs.has("shards")) {
+      const std::string text = attrs.str("shards", kMaxShards);
+      int64_t elements = 1;
+      for (size_t d : stage_dims(config, *stage, position)) elements *= int64_t(d);
+      std::string why;
+      std::optional<RowShards> shards = RowShards::parse(text, elements, why);
+      if (!shards) fail("{}: {} has attribute shards={}: {}", path, ds_path, quoted(text, 60), why);
+      if (attrs.has("shard_problem")) {
+        shards->problem = attrs.str("shard_problem", kMaxShardProblem);
+        shards->problem_rank = attrs.int1("shard_problem_rank");
+        if (shards->problem_rank < -1 || shards->problem_rank >= shards->ranks)
+          fail("{}: {} has attribute shard_problem_rank={}, not a rank of its {} (or -1)", path,
+               ds_path, shards->problem_rank, shards->ranks);
+      }
+      shards_of.emplace(ds_path, std::move(*shards));
+    }
     if (attrs.has("layout")) {
       std::string layout = attrs.str("layout", kMaxLayout);
       if (const std::string why = layout_problem(layout, *stage); !why.empty())
         fail("{}: {} has attribute layout={}: {}", path, ds_path, quoted(layout, 60), why);
       layouts.emplace(ds_path, std::move(layout));
     }
+    if (partial_row) return;
     series.insert(s);
     if (s == Series::output) entries.push_back({ds_path, key});
   }
@@ -1402,7 +1498,23 @@ std::string TraceReader::layout(const std::string& dataset_path) const {
 StageData TraceReader::read(const std::string& dataset_path) const {
   const auto it = impl_->keys.find(dataset_path);
   if (it == impl_->keys.end()) fail("{}: no dataset {}", impl_->path, dataset_path);
-  return impl_->read(dataset_path, it->second);
+  StageData d = impl_->read(dataset_path, it->second);
+  d.shards = shards(dataset_path);
+  return d;
+}
+
+int TraceReader::partial_ranks() const {
+  return impl_->partial_ranks;
+}
+
+std::string trace_partial_path(int rank, int position, int layer, Stage s) {
+  return fmt::format("/partials/rank_{}{}", rank, trace_dataset_path(position, layer, s));
+}
+
+std::optional<RowShards> TraceReader::shards(const std::string& dataset_path) const {
+  const auto it = impl_->shards_of.find(dataset_path);
+  if (it == impl_->shards_of.end()) return std::nullopt;
+  return it->second;
 }
 
 bool TraceCandidateRows::has(int position, int layer, Stage s) const {

@@ -90,6 +90,9 @@ std::string new_run_id();
 bool is_valid_run_id(std::string_view id);
 
 std::string trace_dataset_path(int position, int layer, Stage s, Series series = Series::output);
+// Where rank `rank`'s partial sum of a tensor-parallel group's row lives:
+// /partials/rank_<rank>/pos_<P>/layer_<L>/<stage>.
+std::string trace_partial_path(int rank, int position, int layer, Stage s);
 std::string_view series_name(Series s);  // "output", "replay", "magnitude"
 
 // Observer that writes every wanted stage row into an HDF5 file. `positions` empty = all.
@@ -105,6 +108,11 @@ class TraceWriter : public Observer {
   void record(const StageKey& key, const StageData& data) override;
   // The same, with the dataset's "layout" attribute (a capture's record in a port's layout).
   void record(const StageKey& key, const StageData& data, std::string_view layout);
+  // A tensor-parallel rank's partial sum of the row `key` names, before the all-reduce:
+  // trace_partial_path(rank, ...), a row of the stage's shape: beside the rows, read by the
+  // differ where a bound needs them (moe_out's, from mlp2's partial sums) and there to be
+  // inspected (h5dump, h5py).
+  void record_partial(const StageKey& key, int rank, const StageData& data) override;
   // The KV-cache rows of positions 0..rows.count-1 of `layer` (/cache/layer_<L>), as float64 or
   // float32. Once per layer.
   void record_cache(int layer, const KvRows& rows, bool f64);
@@ -150,6 +158,14 @@ class TraceReader {
   bool has_series(Series s) const;
   // The dataset's "layout" attribute, "" when it has none.
   std::string layout(const std::string& dataset_path) const;
+  // How a tensor-parallel group made the dataset's row (its "shards", "shard_problem" and
+  // "shard_problem_rank" attributes, checked against the row when the file was opened); nullopt
+  // for a row of one device. read() returns it with the values.
+  std::optional<RowShards> shards(const std::string& dataset_path) const;
+  // The rank groups of /partials (a tensor-parallel group's partial sums, TraceWriter::
+  // record_partial): rank_0 .. rank_<n-1>; 0 when the trace has none. Their rows are found by
+  // trace_partial_path, read by read() and listed by no entry.
+  int partial_ranks() const;
   // The KV-cache rows a capture recorded in bulk (/cache): how many positions (0..n-1) they
   // cover, the same for every layer; 0 when the trace has none. Throws naming the file when a
   // layer lacks them or the layers disagree.

@@ -54,6 +54,7 @@ void DeviceRuntime::reserve_join(int rows) {
   stream_.synchronize();  // no kernel reads the old parts
   join_parts_.allocate(size_t(floats) * size_t(shard_->degree) * sizeof(float));
   join_floats_ = floats;
+  reduced_floats_ = 0;
   graphs_.clear();  // they launch on the old buffer
 }
 
@@ -63,6 +64,7 @@ void DeviceRuntime::all_reduce(float* data, int64_t n, const float* residual, fl
   float* parts = join_parts_.as<float>();
   options_.tensor_parallel.comm->all_gather(data, parts, size_t(n), stream_.get());
   launch_f32_rank_sum_residual(parts, shard_->degree, n, residual, data, resid_out, stream_.get());
+  reduced_floats_ = n;
 }
 
 void DeviceRuntime::join_logits(int n, const std::function<void(float* shard)>& launch,
@@ -74,6 +76,7 @@ void DeviceRuntime::join_logits(int n, const std::function<void(float* shard)>& 
   const int64_t part =
       int64_t(n) * ((int64_t(c_.vocab_size) + shard_->degree - 1) / shard_->degree);
   float* own = parts + int64_t(shard_->rank) * part;
+  reduced_floats_ = 0;
   launch(own);
   options_.tensor_parallel.comm->all_gather(own, parts, size_t(part), stream_.get());
   launch_f32_vocab_join(parts, shard_->degree, n, c_.vocab_size, part, logits, stream_.get());
