@@ -5,16 +5,17 @@
 // fuzz/corpus/trace_reader_fuzz/ are small valid traces (a reference trace with magnitude rows, a
 // candidate with replay rows and a run id, a trace in the older layout with variable-length
 // string attributes, a capture with KV-cache rows in bulk and an att row recorded without its
-// sink, the reference trace of that capture with its recomputed rows) and truncated and
+// sink, the reference trace of that capture with its recomputed rows, a tensor-parallel
+// candidate with its rows' shards attributes and its ranks' partial sums) and truncated and
 // bit-flipped copies of them.
 //
 // Each input is written to a temporary file, opened with TraceReader (metadata and index), and
-// every output dataset is read, with its replay, magnitude and recompute rows and its layout
-// attribute where the trace has them, and the KV-cache rows of every layer; each read on its
-// own, so that one refused dataset does not hide the others. parity::Error is
-// the reader's answer to a bad file and is swallowed. Anything else is a finding: a crash, a
-// sanitizer report, another exception escaping, a hang, or memory beyond libFuzzer's limit (the
-// reader must never allocate more than the file could hold).
+// every output dataset is read, with its replay, magnitude and recompute rows, its layout and
+// shards attributes and its ranks' partial sums where the trace has them, and the KV-cache rows
+// of every layer; each read on its own, so that one refused dataset does not hide the others.
+// parity::Error is the reader's answer to a bad file and is swallowed. Anything else is a finding:
+// a crash, a sanitizer report, another exception escaping, a hang, or memory beyond libFuzzer's
+// limit (the reader must never allocate more than the file could hold).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -64,6 +65,12 @@ void read_one(const parity::TraceReader& reader, const std::string& path) {
     size_t n = 1;
     for (size_t d : row.dims) n *= d;
     if (n != row.size()) __builtin_trap();
+    // And shards whose ranges lie in the row, of ranks of the group.
+    if (row.shards)
+      for (const parity::RowShards::Range& r : row.shards->ranges)
+        if (r.begin < 0 || r.end > int64_t(n) || r.begin >= r.end || r.rank < 0 ||
+            r.rank >= row.shards->ranks)
+          __builtin_trap();
   } catch (const parity::Error&) {
   }
 }
@@ -83,6 +90,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                parity::Series::recompute_bias}) {
         const std::string side = parity::trace_dataset_path(e.key.position, e.key.layer, e.key.stage, s);
         if (reader.has(side)) read_one(reader, side);
+      }
+      (void)reader.shards(e.path);
+      for (int r = 0; r < reader.partial_ranks(); ++r) {
+        const std::string part =
+            parity::trace_partial_path(r, e.key.position, e.key.layer, e.key.stage);
+        if (reader.has(part)) read_one(reader, part);
       }
     }
     for (int layer = 0; layer < reader.config().num_hidden_layers; ++layer) {

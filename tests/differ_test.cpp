@@ -4,6 +4,7 @@
 #include "tracer/differ.h"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -532,6 +533,56 @@ TEST(DerivedBounds, AGroupsMoeOutIsHeldToTheProductsItsRanksSummed) {
   ASSERT_EQ(two.size(), H);
   EXPECT_GT(two[0], 1000 * one[0]);  // |parts| ~ 2000 |sum|
   EXPECT_LT(two[0], 2e-5);           // and no more than the parts' own roundings
+}
+
+TEST_F(DiffTraces, AGroupsAttributesOrPartialsThatAreNotAGroupsAreRefusedNamingTheFile) {
+  const std::vector<double> v = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  const StageKey key{0, 1, Stage::o_proj, execution_order(c, 1, Stage::o_proj)};
+  // A problem naming a rank outside the group.
+  {
+    TraceWriter w(a_path, meta_for(c, "hip"));
+    w.record(key, with_shards(f32(v), RowShards{"reduced", 2, {}, "o_proj: differ", 5}));
+    w.finish();
+  }
+  expect_error([&] { TraceReader a(a_path); }, {a_path, "shard_problem_rank=5"});
+  // A partial-sums group that is not named rank_<rank>, or holds no rows.
+  for (const char* bad : {"/partials/rank_x", "/partials/ranks_0", "/partials/rank_99999"}) {
+    fs::remove(a_path);
+    {
+      TraceWriter w(a_path, meta_for(c, "hip"));
+      w.record(key, f32(v));
+      w.record_partial(key, 0, f32(v));
+      w.finish();
+    }
+    const hid_t f = H5Fopen(a_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    ASSERT_GE(H5Lmove(f, "/partials/rank_0", f, bad, H5P_DEFAULT, H5P_DEFAULT), 0);
+    H5Fclose(f);
+    expect_error([&] { TraceReader a(a_path); }, {a_path, "rank_<rank>"});
+  }
+  // A partial sum whose shape is not its stage's.
+  fs::remove(a_path);
+  {
+    TraceWriter w(a_path, meta_for(c, "hip"));
+    w.record(key, f32(v));
+    w.record_partial(key, 0, f32(v));
+    w.finish();
+  }
+  {
+    const hid_t f = H5Fopen(a_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const std::string p = trace_partial_path(0, 0, 1, Stage::o_proj);
+    ASSERT_GE(H5Ldelete(f, p.c_str(), H5P_DEFAULT), 0);
+    const hsize_t dims[1] = {3};
+    const hid_t space = H5Screate_simple(1, dims, nullptr);
+    const hid_t ds =
+        H5Dcreate2(f, p.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(ds, 0);
+    H5Dclose(ds);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
+  expect_error([&] { TraceReader a(a_path); }, {a_path, "partials/rank_0"});
 }
 
 TEST(RowShardsText, RoundTripsAndRefusesWhatIsNotAGroupsRow) {
