@@ -71,10 +71,12 @@ class HipGroupBackend final : public Backend {
       fail("hip group: row {} of a step of {}", row, batch_.rows());
     return batch_.positions[size_t(row)];
   }
-  // Each rank's layout of stage s's row (the experts' stages read the row's choices on rank 0).
+  // Each rank's layout of stage s's row (the experts' stages read the row's choices on rank 0,
+  // on its thread: its device current).
   std::vector<StageShard> layouts(Stage s, int layer, int row) {
     std::vector<int32_t> topk;
-    if (info(s).scope == Scope::Expert) topk = ranks_[0]->read(Stage::topk_idx, layer, row).i32;
+    if (info(s).scope == Scope::Expert)
+      with_rank(0, [&](Backend& b) { topk = b.read(Stage::topk_idx, layer, row).i32; });
     std::vector<StageShard> out;
     for (const ShardPlan& p : plans_) out.push_back(stage_shard(s, c_, p, topk, position(row)));
     return out;
