@@ -197,9 +197,9 @@ INSTANTIATE_TEST_SUITE_P(Precisions, EngineDevice,
 // the same tokens (the runner checks every step). bf16 is not compared with one GPU: the split
 // sums round differently in float32's last place, which now and then moves a product input's
 // BF16 rounding, and the tiny model's near-tied logits then pick another token (measured: 4 of
-// 32 runs, 16 requests greedy and sampled, part after 3 to 10 of 12 tokens); whether the group
-// stays within the bf16 policy's bounds is a trace's question. Skipped below two GPUs or without
-// NCCL.
+// 32 runs, 16 requests greedy and sampled, part after 3 to 10 of 12 tokens); that the group
+// stays within the bf16 policy's bounds is the traced group's test (tests/trace_group_test.cpp).
+// Skipped below two GPUs or without NCCL.
 class EngineTensorParallel : public ::testing::Test {
  protected:
   void SetUp() override {
