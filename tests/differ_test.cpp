@@ -545,15 +545,16 @@ TEST_F(DiffTraces, AGroupsAttributesOrPartialsThatAreNotAGroupsAreRefusedNamingT
     w.finish();
   }
   expect_error([&] { TraceReader a(a_path); }, {a_path, "shard_problem_rank=5"});
-  // A partial-sums group that is not named rank_<rank>, or holds no rows.
-  for (const char* bad : {"/partials/rank_x", "/partials/ranks_0", "/partials/rank_99999"}) {
+  const auto write_with_partial = [&] {  // a row and rank 0's partial sum of it
     fs::remove(a_path);
-    {
-      TraceWriter w(a_path, meta_for(c, "hip"));
-      w.record(key, f32(v));
-      w.record_partial(key, 0, f32(v));
-      w.finish();
-    }
+    TraceWriter w(a_path, meta_for(c, "hip"));
+    w.record(key, f32(v));
+    w.record_partial(key, 0, f32(v));
+    w.finish();
+  };
+  // A partial-sums group that is not named rank_<rank>.
+  for (const char* bad : {"/partials/rank_x", "/partials/ranks_0", "/partials/rank_99999"}) {
+    write_with_partial();
     const hid_t f = H5Fopen(a_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     ASSERT_GE(f, 0);
     ASSERT_GE(H5Lmove(f, "/partials/rank_0", f, bad, H5P_DEFAULT, H5P_DEFAULT), 0);
@@ -561,13 +562,7 @@ TEST_F(DiffTraces, AGroupsAttributesOrPartialsThatAreNotAGroupsAreRefusedNamingT
     expect_error([&] { TraceReader a(a_path); }, {a_path, "rank_<rank>"});
   }
   // A partial sum whose shape is not its stage's.
-  fs::remove(a_path);
-  {
-    TraceWriter w(a_path, meta_for(c, "hip"));
-    w.record(key, f32(v));
-    w.record_partial(key, 0, f32(v));
-    w.finish();
-  }
+  write_with_partial();
   {
     const hid_t f = H5Fopen(a_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     ASSERT_GE(f, 0);

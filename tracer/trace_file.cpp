@@ -161,6 +161,12 @@ std::optional<int> parse_index(std::string_view text) {
   return value;
 }
 
+// The index of a group named <prefix><index> ("layer_3"), or nullopt.
+std::optional<int> named_index(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix)) return std::nullopt;
+  return parse_index(name.substr(prefix.size()));
+}
+
 template <typename T>
 std::string dims_text(const std::vector<T>& dims) {
   std::string s = "[";
@@ -1151,9 +1157,7 @@ struct TraceReader::Impl {
     const Hid g = open_member(root, link, "/cache", H5I_GROUP, "a group of KV-cache rows");
     for (const Link& layer_link : nonempty_links(g.get(), "/cache")) {
       const std::string layer_path = "/cache/" + layer_link.name;
-      const auto layer = layer_link.name.starts_with("layer_")
-                             ? parse_index(std::string_view(layer_link.name).substr(6))
-                             : std::nullopt;
+      const auto layer = named_index(layer_link.name, "layer_");
       if (!layer || *layer >= config.num_hidden_layers)
         fail("{}: {} is not a group named layer_<layer> of the model's {} layers", path,
              shown(layer_path), config.num_hidden_layers);
@@ -1187,9 +1191,7 @@ struct TraceReader::Impl {
     const Hid g = open_member(root, link, "/partials", H5I_GROUP, "a group of partial sums");
     for (const Link& rank_link : nonempty_links(g.get(), "/partials")) {
       const std::string rank_path = "/partials/" + rank_link.name;
-      const auto rank = rank_link.name.starts_with("rank_")
-                            ? parse_index(std::string_view(rank_link.name).substr(5))
-                            : std::nullopt;
+      const auto rank = named_index(rank_link.name, "rank_");
       if (!rank || *rank >= RowShards::kMaxRanks)
         fail("{}: {} is not a group named rank_<rank> (below {})", path, shown(rank_path),
              RowShards::kMaxRanks);
@@ -1217,8 +1219,8 @@ struct TraceReader::Impl {
         std::optional<int> layer;
         if (scope_link.name == "model")
           layer = kModelLayer;
-        else if (scope_link.name.starts_with("layer_"))
-          layer = parse_index(std::string_view(scope_link.name).substr(6));
+        else
+          layer = named_index(scope_link.name, "layer_");
         if (!layer)
           fail("{}: {} is not a group named model or layer_<layer>", path, shown(scope_path));
         if (*layer >= config.num_hidden_layers)
