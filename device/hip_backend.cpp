@@ -112,6 +112,7 @@ std::optional<StageData> HipBackend::own_partial(Stage s, int layer, int row) {
   HIP_CHECK(hipMemcpyAsync(d.f32.data(), rt_.reduced_parts() + int64_t(p->rank) * n + row * H,
                            size_t(H) * sizeof(float), hipMemcpyDeviceToHost, st));
   HIP_CHECK(hipStreamSynchronize(st));
+  rt_.check_collectives();
   return d;
 }
 
@@ -177,6 +178,7 @@ StageData HipBackend::read(Stage s, int layer, int row) {
                              hipMemcpyDeviceToHost, st));
   }
   HIP_CHECK(hipStreamSynchronize(st));
+  rt_.check_collectives();
   return d;
 }
 

@@ -43,6 +43,12 @@ inline hipError_t device_name_and_arch(int device, std::string& name, std::strin
   return hipSuccess;
 }
 
+// Ticks per second of device_wall_clock(): s_memrealtime counts at 100 MHz on CDNA (MI200, MI300;
+// this HIP has no attribute that reads it).
+inline double device_wall_clock_hz(int) {
+  return 100e6;
+}
+
 // Hopper's warpgroup MMA (wgmma) has no AMD counterpart here: the kernels built on it compile to
 // nothing and are never chosen (the NVIDIA branch documents them).
 #define PARITY_DEVICE_WGMMA 0
@@ -88,6 +94,21 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   const uint32_t hi = __float_as_uint(bf16_hi(x) * bf16_hi(y)) & 0xffff0000u;
   return hi | lo;
 }
+// The device's constant-rate clock (the NVIDIA branch says what it is for): s_memrealtime, at the
+// rate device_wall_clock_hz() reads.
+__device__ __forceinline__ uint64_t device_wall_clock() {
+#if defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_s_memrealtime();
+#else
+  return 0;  // the host pass of a device function: never run
+#endif
+}
+// A load of memory another GPU wrote and published by a flag since this kernel began (the NVIDIA
+// branch says why): volatile loads, which the L0/L1 caches do not serve.
+__device__ __forceinline__ float4 load_published(const float4* p) {
+  const volatile float* q = reinterpret_cast<const volatile float*>(p);
+  return make_float4(q[0], q[1], q[2], q[3]);
+}
 // Programmatic dependent launch (the NVIDIA branch says what it is): stream order already makes a
 // kernel wait for the one before it here, so both are nothing.
 __device__ __forceinline__ void wait_for_previous_grid() {}
@@ -131,6 +152,9 @@ inline hipError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3
 #define hipDeviceAttributeMaxSharedMemoryPerBlock cudaDevAttrMaxSharedMemoryPerBlock
 #define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
 #define hipHostMallocDefault cudaHostAllocDefault
+#define hipHostMallocMapped cudaHostAllocMapped
+#define hipHostMallocPortable cudaHostAllocPortable
+#define hipErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
 
 // Calls with the same signature and meaning.
 #define hipGetDeviceCount cudaGetDeviceCount
@@ -141,6 +165,9 @@ inline hipError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3
 #define hipDriverGetVersion cudaDriverGetVersion
 #define hipRuntimeGetVersion cudaRuntimeGetVersion
 #define hipMemGetInfo cudaMemGetInfo
+#define hipDeviceCanAccessPeer cudaDeviceCanAccessPeer
+#define hipDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
+#define hipHostGetDevicePointer cudaHostGetDevicePointer
 #define hipMalloc cudaMalloc
 #define hipFree cudaFree
 #define hipHostFree cudaFreeHost
@@ -198,6 +225,10 @@ inline cudaError_t device_name_and_arch(int device, std::string& name, std::stri
   name = prop.name;
   arch = "sm_" + std::to_string(major) + std::to_string(minor);
   return cudaSuccess;
+}
+// Ticks per second of device_wall_clock() (%globaltimer counts nanoseconds).
+inline double device_wall_clock_hz(int) {
+  return 1e9;
 }
 // Whether the current device runs the warpgroup-MMA kernels: they are built (PARITY_WGMMA_BUILT,
 // CMAKE_CUDA_ARCHITECTURES naming 90a) and the device is compute capability 9.0. Kernels built
@@ -324,6 +355,18 @@ __device__ __forceinline__ void wgmma_bf16_m64n64k16(float (&d)[32], const uint3
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "n"(1), "r"(1));
+}
+// A clock at a constant rate, the same for every SM (%globaltimer, nanoseconds): how long a kernel
+// has waited, for a bound on a wait for another GPU (AMD: s_memrealtime).
+__device__ __forceinline__ uint64_t device_wall_clock() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// A load of memory another GPU wrote and published by a flag since this kernel began: from L2
+// (ld.global.cg), past the SM's L1, which is not coherent with stores from other GPUs.
+__device__ __forceinline__ float4 load_published(const float4* p) {
+  return __ldcg(p);
 }
 // Programmatic dependent launch (sm_90): a kernel launched by launch_programmatic may start while
 // the kernel before it in the stream still runs, once every block of that one has called

@@ -37,7 +37,9 @@ bool is_reduced(Stage s) {
 
 HipGroupBackend::HipGroupBackend(const Model& m, const DeviceOptions& o,
                                  std::span<const int> devices)
-    : c_(m.config), group_(devices), ranks_(devices.size()) {
+    : c_(m.config),
+      group_(devices, o.tensor_parallel.all_reduce == AllReduce::peer),
+      ranks_(devices.size()) {
   const int n = group_.size();
   group_.run([&](int r) {
     DeviceOptions ro = o;
@@ -45,6 +47,7 @@ HipGroupBackend::HipGroupBackend(const Model& m, const DeviceOptions& o,
     ro.tensor_parallel.degree = n;
     ro.tensor_parallel.rank = r;
     ro.tensor_parallel.comm = group_.comm(r);
+    ro.tensor_parallel.peers = group_.peers(r);
     if (r != 0) ro.log = nullptr;
     ranks_[size_t(r)] = std::make_unique<HipBackend>(m, ro);
   });
@@ -63,8 +66,8 @@ std::string HipGroupBackend::precision() const {
   return ranks_[0]->precision() +
          fmt::format(
              "; tensor parallel over {} GPUs: each rank's partial sums of o_proj and "
-             "the experts gathered and added in rank order in float32",
-             ranks_.size());
+             "the experts gathered ({}) and added in rank order in float32",
+             ranks_.size(), group_.peers(0) != nullptr ? "by peer stores" : "by NCCL");
 }
 
 nlohmann::json HipGroupBackend::facts() const {

@@ -157,6 +157,30 @@ struct SampleParams {
   uint64_t step = 0;
 };
 
+// The peer-store all-reduce of a tensor-parallel group (device/runtime/peer_group.h,
+// launch_f32_peer_rank_sum_residual): every place it touches, on this rank's GPU and its peers'.
+// Each call is numbered by `epoch` (one counter per block, the same count on every rank, kept on
+// the device so that a replayed graph counts too); its parity picks the parts buffer, so that a
+// rank already at the next call never writes over parts another rank still reads.
+inline constexpr int kPeerMaxRanks = 8;
+inline constexpr int kPeerBlocks = 32;
+struct PeerReduceView {
+  int ranks = 0, rank = 0;
+  // parts[r][p]: rank r's parts of parity p, [ranks][capacity] floats; this rank writes its
+  // partial sums at + rank n of every rank's, and adds its own buffer's parts.
+  float* parts[kPeerMaxRanks][2] = {};
+  // flags[r]: rank r's arrival words, [kPeerBlocks][kPeerMaxRanks]; rank q's block b writes
+  // flags[r][b kPeerMaxRanks + q] = its epoch once its part is in rank r's buffer.
+  uint32_t* flags[kPeerMaxRanks] = {};
+  uint32_t* epoch = nullptr;  // this rank's [kPeerBlocks] counters
+  // Host-mapped words: `abort` nonzero ends every wait (the group was given up); a wait that
+  // ends without the peer writes failed[0] = 1 + the rank it waited for.
+  const volatile uint32_t* abort = nullptr;
+  uint32_t* failed = nullptr;
+  uint64_t timeout_ticks = 0;  // device_wall_clock() ticks a wait may take
+  int64_t capacity = 0;        // floats of one rank's part
+};
+
 // The attention output kernel splits the key axis in chunks: at most 64 splits per row whatever
 // the context (a bounded workspace), at least 256 keys each.
 inline int attention_split_keys(int max_context) {

@@ -285,6 +285,15 @@ void launch_f32_add(const float* a, const float* b, int64_t count, float* y, hip
 // resid_out = residual + sum. (device/shards.hip)
 void launch_f32_rank_sum_residual(const float* parts, int ranks, int64_t n, const float* residual,
                                   float* sum, float* resid_out, hipStream_t stream);
+// The same all-reduce in one kernel for ranks whose GPUs reach each other's memory
+// (device/runtime/peer_group.h): data (n floats, n % 4 == 0, n <= peers.capacity) is written into
+// every rank's parts at its rank's place, each block raises its flags and waits for every rank's,
+// then sum and resid_out as launch_f32_rank_sum_residual computes them from this rank's parts
+// (the same bits). sum may be data. A wait past the timeout or an abort leaves the outputs
+// unwritten and says so in peers.failed.
+void launch_f32_peer_rank_sum_residual(const PeerReduceView& peers, const float* data, int64_t n,
+                                       const float* residual, float* sum, float* resid_out,
+                                       hipStream_t stream);
 // lm_head's vocabulary shards into full rows: rank r's part (at parts + r part_floats) holds rows
 // [rows, size(r)] of the vocabulary rows split_range(vocab, ranks, r)
 // (device/runtime/shard_plan.h); logits (rows, vocab).

@@ -7,6 +7,8 @@
 //   vocab join  logits[b][j] = the row b, column j - begin(r) of rank r's shard, r the rank whose
 //               vocabulary rows (split_range(vocab, ranks, r)) hold j: lm_head's shards into the
 //               full rows the sampler reads.
+// And the all-reduce without NCCL for ranks that reach each other's memory: the peer rank sum,
+// each rank's part stored straight into every rank's parts, then the same rank sum.
 #include "device/device_math.h"
 
 namespace parity::device {
@@ -39,7 +41,100 @@ __global__ void __launch_bounds__(256)
       parts[int64_t(r) * part_floats + int64_t(b) * size + (j - begin)];
 }
 
+// The peer-store all-reduce (kernels.h, launch_f32_peer_rank_sum_residual). Block b owns the same
+// slice of float4s on every rank: it writes that slice of this rank's part into every rank's
+// parts, raises its flag at every rank, waits for every rank's flag of this call at its own, and
+// adds the slice's parts in rank order. The blocks need not meet each other, only their namesakes
+// on the other ranks, and the kernel's 32 blocks are all resident at once.
+constexpr int kPeerThreads = 256;
+__global__ void __launch_bounds__(kPeerThreads)
+    f32_peer_rank_sum_residual(PeerReduceView v, const float* data, int64_t n,
+                               const float* __restrict__ residual, float* sum,
+                               float* __restrict__ resid_out) {
+  __shared__ uint32_t s_epoch;
+  __shared__ int s_ok;
+  const int b = int(blockIdx.x), t = int(threadIdx.x);
+  if (t == 0) s_epoch = v.epoch[b] + 1;
+  __syncthreads();
+  const uint32_t e = s_epoch;
+  const int parity = int(e & 1u);
+  const int64_t n4 = n / 4, per = (n4 + kPeerBlocks - 1) / kPeerBlocks;
+  const int64_t lo = min(n4, int64_t(b) * per), hi = min(n4, lo + per);
+
+  // This rank's part of the slice into every rank's parts (its own included).
+  for (int64_t i = lo + t; i < hi; i += kPeerThreads) {
+    const float4 x = reinterpret_cast<const float4*>(data)[i];
+    for (int r = 0; r < v.ranks; ++r)
+      reinterpret_cast<float4*>(v.parts[r][parity] + int64_t(v.rank) * n)[i] = x;
+  }
+  __threadfence_system();  // the stores are visible to every GPU before the flags below
+  __syncthreads();
+
+  if (t == 0) {
+    for (int r = 0; r < v.ranks; ++r)
+      *reinterpret_cast<volatile uint32_t*>(v.flags[r] + b * kPeerMaxRanks + v.rank) = e;
+    // Every rank's flag of this call (or of the next: a rank may be one call ahead).
+    const volatile uint32_t* mine = v.flags[v.rank] + b * kPeerMaxRanks;
+    const uint64_t start = device_wall_clock();
+    int ok = 1;
+    for (int r = 0; r < v.ranks && ok; ++r) {
+      uint32_t spins = 0;
+      while (int32_t(mine[r] - e) < 0) {
+        if ((++spins & 255u) != 0) continue;
+        if (*v.abort != 0u || device_wall_clock() - start > v.timeout_ticks) {
+          if (*v.abort == 0u) atomicCAS(v.failed, 0u, uint32_t(r + 1));
+          ok = 0;
+          break;
+        }
+      }
+    }
+    __threadfence_system();  // the parts' loads below come after the flags'
+    v.epoch[b] = e;
+    s_ok = ok;
+  }
+  __syncthreads();
+  if (!s_ok) return;
+
+  // The rank-order sum of launch_f32_rank_sum_residual, four floats at a time.
+  const float* own = v.parts[v.rank][parity];
+  for (int64_t i = lo + t; i < hi; i += kPeerThreads) {
+    float4 acc = load_published(reinterpret_cast<const float4*>(own) + i);
+    for (int r = 1; r < v.ranks; ++r) {
+      const float4 x = load_published(reinterpret_cast<const float4*>(own + int64_t(r) * n) + i);
+      acc.x += x.x;
+      acc.y += x.y;
+      acc.z += x.z;
+      acc.w += x.w;
+    }
+    reinterpret_cast<float4*>(sum)[i] = acc;
+    if (resid_out != nullptr) {
+      const float4 res = reinterpret_cast<const float4*>(residual)[i];
+      reinterpret_cast<float4*>(resid_out)[i] =
+          make_float4(res.x + acc.x, res.y + acc.y, res.z + acc.z, res.w + acc.w);
+    }
+  }
+}
+
 }  // namespace
+
+void launch_f32_peer_rank_sum_residual(const PeerReduceView& peers, const float* data, int64_t n,
+                                       const float* residual, float* sum, float* resid_out,
+                                       hipStream_t stream) {
+  PARITY_DEVICE_REQUIRE(
+      data != nullptr && sum != nullptr && n > 0 && n % 4 == 0 && n <= peers.capacity,
+      "launch_f32_peer_rank_sum_residual: ", n, " floats (a multiple of 4, at most ",
+      peers.capacity, ")");
+  PARITY_DEVICE_REQUIRE(peers.ranks >= 2 && peers.ranks <= kPeerMaxRanks && peers.rank >= 0 &&
+                            peers.rank < peers.ranks && peers.epoch != nullptr &&
+                            peers.abort != nullptr && peers.failed != nullptr,
+                        "launch_f32_peer_rank_sum_residual: rank ", peers.rank, " of ", peers.ranks,
+                        " without its places");
+  PARITY_DEVICE_REQUIRE((residual == nullptr) == (resid_out == nullptr),
+                        "launch_f32_peer_rank_sum_residual: residual and its output go together");
+  f32_peer_rank_sum_residual<<<kPeerBlocks, kPeerThreads, 0, stream>>>(peers, data, n, residual,
+                                                                       sum, resid_out);
+  HIP_LAUNCH_CHECK("f32_peer_rank_sum_residual", stream);
+}
 
 void launch_f32_rank_sum_residual(const float* parts, int ranks, int64_t n, const float* residual,
                                   float* sum, float* resid_out, hipStream_t stream) {

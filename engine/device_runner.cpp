@@ -123,6 +123,7 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
     // Wait even with nothing to read back: the engine times each step to split its time
     // between prefill and decode rows, and a step is long next to this wait.
     HIP_CHECK(hipStreamSynchronize(rt_.stream()));
+    rt_.check_collectives();
     return {};
   }
   stage_buffers(n);
@@ -150,6 +151,7 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
   HIP_CHECK(hipMemcpyAsync(tokens, dev_tokens, size_t(n) * sizeof(int32_t), hipMemcpyDeviceToHost,
                            st));
   HIP_CHECK(hipStreamSynchronize(st));  // the step's one wait: its tokens
+  rt_.check_collectives();
   if (timed_) {
     for (auto& [label, ev] : pending_) {
       Timing& t = times_[label];

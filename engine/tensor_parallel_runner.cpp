@@ -16,7 +16,7 @@ class TensorParallelRunner final : public StepRunner {
  public:
   TensorParallelRunner(const Model& m, const device::DeviceOptions& o, std::span<const int> devices,
                        bool kernel_times)
-      : c_(m.config), group_(devices) {
+      : c_(m.config), group_(devices, o.tensor_parallel.all_reduce == device::AllReduce::peer) {
     const int n = int(devices.size());
     ranks_.resize(size_t(n));
     on_ranks([&](int r) {
@@ -26,6 +26,7 @@ class TensorParallelRunner final : public StepRunner {
       ro.tensor_parallel.rank = r;
       ro.tensor_parallel.experts_split = device::ExpertSplit::by_intermediate;
       ro.tensor_parallel.comm = group_.comm(r);
+      ro.tensor_parallel.peers = group_.peers(r);
       if (r != 0) ro.log = nullptr;
       ranks_[size_t(r)] = make_device_runner(m, ro, kernel_times);
     });
@@ -36,7 +37,8 @@ class TensorParallelRunner final : public StepRunner {
   }
 
   std::string name() const override {
-    std::string out = fmt::format("tensor parallel over {} GPUs", ranks_.size());
+    std::string out = fmt::format("tensor parallel over {} GPUs ({} all-reduce)", ranks_.size(),
+                                  group_.peers(0) != nullptr ? "peer-store" : "NCCL");
     for (size_t r = 0; r < ranks_.size(); ++r)
       out += fmt::format("{} rank {} on {}", r == 0 ? ":" : ",", r, ranks_[r]->name());
     return out;

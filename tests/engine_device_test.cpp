@@ -15,6 +15,7 @@
 #include "device/hip_backend.h"
 #include "device/runtime/communicator.h"
 #include "device/runtime/device.h"
+#include "device/runtime/peer_group.h"
 #include "engine/device_runner.h"
 #include "engine/tensor_parallel_runner.h"
 #endif
@@ -208,14 +209,42 @@ class EngineTensorParallel : public ::testing::Test {
     if (!device::collectives_built()) GTEST_SKIP() << "this build has no NCCL (RCCL on AMD)";
     if (device_count() < 2) GTEST_SKIP() << "needs two GPUs, this machine has " << device_count();
   }
-  static std::unique_ptr<StepRunner> group(device::Precision precision) {
+  static std::unique_ptr<StepRunner> group(device::Precision precision,
+                                           device::AllReduce all_reduce = device::AllReduce::peer) {
     device::DeviceOptions o;
     o.precision = precision;
     o.kv_sequences = 64;
+    o.tensor_parallel.all_reduce = all_reduce;
     const std::vector<int> devices = {0, 1};
     return make_tensor_parallel_runner(tiny_model(), o, devices, false);
   }
 };
+
+// The peer-store all-reduce and NCCL's all-gather add the same parts in the same order: the same
+// tokens in both precisions, greedy and sampled (bf16 too, where a last-place difference in a
+// sum would show within a few tokens, as it does against one GPU).
+TEST_F(EngineTensorParallel, ThePeerAndNcclAllReducesSampleTheSameTokens) {
+  const std::vector<int> devices = {0, 1};
+  if (!device::PeerGroup::open(devices))
+    GTEST_SKIP() << "these GPUs do not reach each other's memory";
+  const auto reqs = requests(16);
+  for (const auto precision : {device::Precision::fp32, device::Precision::bf16}) {
+    auto peer = group(precision, device::AllReduce::peer);
+    auto nccl = group(precision, device::AllReduce::nccl);
+    EXPECT_THAT(peer->name(), ::testing::HasSubstr("(peer-store all-reduce)"));
+    EXPECT_THAT(nccl->name(), ::testing::HasSubstr("(NCCL all-reduce)"));
+    for (const double temperature : {0.0, 0.9}) {
+      const auto want = Engine(*nccl, options(8, 32, temperature)).run(reqs);
+      const auto got = Engine(*peer, options(8, 32, temperature)).run(reqs);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        ASSERT_FALSE(got[i].generated.empty());
+        EXPECT_EQ(got[i].generated, want[i].generated)
+            << "request " << i << " temperature " << temperature << " "
+            << device::precision_name(precision);
+      }
+    }
+  }
+}
 
 TEST_F(EngineTensorParallel, TwoRanksSampleTheTokensOfOneGpuInFp32) {
   const auto reqs = requests(16);

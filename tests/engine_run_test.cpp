@@ -584,6 +584,8 @@ TEST(EngineRun, BadEngineOptionsAreOneLineAndExitTwo) {
       {"--no-graphs", "--no-graphs: the device backend's"},
       {"--tensor-parallel 2", "--tensor-parallel 2: the device backend's"},
       {"--tensor-parallel 0", "--tensor-parallel: 0 is not a positive count"},
+      {"--all-reduce ring", "--all-reduce \"ring\": give peer (peer stores where"},
+      {"--all-reduce nccl", "--all-reduce nccl: a tensor-parallel group's (--tensor-parallel 2"},
   };
   for (const auto& [flags, expected] : cases) {
     const auto r = test::run_tool("run", base + " " + flags);

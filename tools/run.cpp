@@ -36,6 +36,7 @@
 #include "tools/common.h"
 #ifdef PARITY_HAVE_DEVICE_ENGINE
 #include "device/runtime/device.h"
+#include "device/runtime/peer_group.h"
 #include "device/runtime/serving_limits.h"
 #include "device/runtime/weight_plan.h"
 #include "engine/device_runner.h"
@@ -109,6 +110,7 @@ struct RunFlags {
   bool no_progress = false, no_graphs = false;
   int max_tokens = 128, max_batch = kHostMaxBatch, step_tokens = kHostStepTokens, context = 0;
   int tensor_parallel = 1;  // GPUs per engine, the model split over them
+  std::optional<std::string> all_reduce_name;  // --all-reduce as given
   bool max_batch_given = false, step_tokens_given = false;
   SamplingParams sampling;
   std::optional<std::string> precision_name;        // --precision as given
@@ -239,6 +241,7 @@ device::ServingLimits device_limits(const RunFlags& f, const Model& m, const Pla
     s.weights_bytes +=
         size_t(where.group) * sizeof(float) *
         size_t(device::shard_join_floats(c, where.group, rows, device::kShardJoinRows));
+    s.weights_bytes += device::PeerGroup::bytes_per_rank(where.group);  // when it is set up
   }
   return device::size_serving_limits(c, s);
 }
@@ -293,6 +296,9 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
           o.arena_rows = o.max_step_rows = std::max(limits.step_tokens, limits.max_batch);
           o.graphs = !f.no_graphs;
           o.precision = f.precision;
+          if (f.all_reduce_name)
+            o.tensor_parallel.all_reduce =
+                device::parse_all_reduce(*f.all_reduce_name, "--all-reduce");
           if (i == 0 && mpi_local_rank <= 0)
             o.log = [](const std::string& text) { std::cerr << text << std::flush; };
           if (where.group == 1) {
@@ -578,6 +584,11 @@ void add_run_options(CLI::App& app, RunFlags& f) {
                      "experts by their intermediate dimension, lm_head by vocabulary; NCCL/RCCL "
                      "all-reduces); --gpus then counts GPUs in groups of it; default 1",
                      1);
+  app.add_option_function<std::string>(
+      "--all-reduce", [&f](const std::string& name) { f.all_reduce_name = name; },
+      "with --tensor-parallel: peer (the default: each rank's partial sums stored into the other "
+      "GPUs' memory by one kernel where they reach each other, NCCL otherwise) or nccl (NCCL's "
+      "all-gather always); both add the parts in rank order, the same bits");
   app.add_option("--kv-memory", f.kv_memory,
                  "KV-cache size per engine: bytes with an optional K, M or G suffix, or `free` "
                  "(the default; hip: 90 % of what the weights leave free; host backends: no limit)")
@@ -622,6 +633,12 @@ void check_flags(const CLI::App& app, RunFlags& f) {
   f.sampling.validate();
   if (f.backend.empty()) f.backend = default_candidate();
   if (f.precision_name) f.precision = backend_precision_option(*f.precision_name, f.backend);
+  if (f.all_reduce_name) {
+    (void)device::parse_all_reduce(*f.all_reduce_name, "--all-reduce");
+    if (f.tensor_parallel < 2)
+      fail("--all-reduce {}: a tensor-parallel group's (--tensor-parallel 2 or more)",
+           *f.all_reduce_name);
+  }
 }
 
 #ifdef PARITY_HAVE_MPI

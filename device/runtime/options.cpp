@@ -14,6 +14,17 @@
 
 namespace parity::device {
 
+const char* all_reduce_name(AllReduce a) {
+  return a == AllReduce::nccl ? "nccl" : "peer";
+}
+
+AllReduce parse_all_reduce(const std::string& name, const char* option) {
+  if (name == "peer") return AllReduce::peer;
+  if (name == "nccl") return AllReduce::nccl;
+  fail("{} {}: give peer (peer stores where the GPUs reach each other, else NCCL) or nccl", option,
+       quoted(name, 20));
+}
+
 void DeviceOptions::validate() const {
   if (device < -1) fail("device options: device index {} (use -1 for the current device)", device);
   if (max_context < 0)

@@ -21,6 +21,16 @@ struct Config;
 namespace parity::device {
 
 class Communicator;
+class PeerRank;
+
+// How a tensor-parallel group's all-reduces cross between its GPUs: `peer`, each rank's partial
+// sums stored into its peers' memory by one kernel (device/runtime/peer_group.h) where the GPUs
+// allow it and the sums fit, NCCL's all-gather otherwise; `nccl`, NCCL's all-gather always.
+// Both add the parts in rank order: the same bits.
+enum class AllReduce : int { peer, nccl };
+const char* all_reduce_name(AllReduce a);
+// "peer" or "nccl"; throws parity::Error naming the choices otherwise.
+AllReduce parse_all_reduce(const std::string& name, const char* option);
 
 inline constexpr int kDefaultMaxContext = 4096;  // positions per sequence unless asked otherwise
 inline constexpr int kDefaultArenaRows = 64;     // parity-trace's default rows per step
@@ -57,12 +67,15 @@ struct DeviceOptions {
   Precision precision = Precision::fp32;
   // Tensor parallel (device/runtime/shard_plan.h): this runtime is rank `rank` of a group of
   // `degree` GPUs that split the model (experts split by `experts_split`; only by_intermediate
-  // runs), joined by `comm` (its rank and size these; it outlives the runtime). Degree 1: the
-  // whole model.
+  // runs), joined by `comm` (its rank and size these; it outlives the runtime), and by `peers`
+  // where the group's GPUs reach each other's memory (device/runtime/peer_group.h: the
+  // all-reduces that fit it; null: NCCL's all-gather for all). Degree 1: the whole model.
   struct TensorParallel {
     int degree = 1, rank = 0;
     ExpertSplit experts_split = ExpertSplit::by_intermediate;
     Communicator* comm = nullptr;
+    const PeerRank* peers = nullptr;
+    AllReduce all_reduce = AllReduce::peer;  // what a group built for these options sets up
   } tensor_parallel;
   // Verbose messages (the memory report at load); null: silent.
   std::function<void(const std::string&)> log;

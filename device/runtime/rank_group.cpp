@@ -11,7 +11,7 @@ namespace parity::device {
 
 // One thread per rank, each running fn(rank) of the job posted last; run() returns when every
 // rank has ended. On the first failure `on_failure` runs while the other ranks may still wait in
-// a collective, then the first failure is rethrown.
+// a collective, then the first failure (in time) is rethrown.
 class RankGroup::Pool {
  public:
   explicit Pool(int ranks) : errors_(size_t(ranks)) {
@@ -34,6 +34,7 @@ class RankGroup::Pool {
     ++generation_;
     pending_ = int(threads_.size());
     failed_ = false;
+    first_failed_ = -1;
     for (auto& e : errors_) e = nullptr;
     cv_.notify_all();
     done_.wait(lock, [&] { return pending_ == 0 || failed_; });
@@ -44,8 +45,7 @@ class RankGroup::Pool {
       done_.wait(lock, [&] { return pending_ == 0; });
     }
     job_ = nullptr;
-    for (const auto& e : errors_)
-      if (e) std::rethrow_exception(e);
+    if (first_failed_ >= 0) std::rethrow_exception(errors_[size_t(first_failed_)]);
   }
 
  private:
@@ -66,7 +66,10 @@ class RankGroup::Pool {
       }
       lock.lock();
       errors_[size_t(rank)] = error;
-      if (error) failed_ = true;
+      if (error && !failed_) {  // the cause; the others' errors may only follow from it
+        failed_ = true;
+        first_failed_ = rank;
+      }
       --pending_;
       done_.notify_all();
     }
@@ -78,12 +81,15 @@ class RankGroup::Pool {
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool failed_ = false, stop_ = false;
+  int first_failed_ = -1;  // the rank whose failure came first
   std::vector<std::exception_ptr> errors_;
   std::vector<std::thread> threads_;
 };
 
-RankGroup::RankGroup(std::span<const int> devices)
-    : comms_(nccl_group(devices)), pool_(std::make_unique<Pool>(int(devices.size()))) {}
+RankGroup::RankGroup(std::span<const int> devices, bool peer_all_reduce)
+    : comms_(nccl_group(devices)),
+      peers_(peer_all_reduce ? PeerGroup::open(devices) : nullptr),
+      pool_(std::make_unique<Pool>(int(devices.size()))) {}
 
 RankGroup::~RankGroup() = default;
 
@@ -91,6 +97,7 @@ void RankGroup::run(const std::function<void(int)>& fn) {
   if (!broken_.empty()) fail("tensor parallel: the group stopped after an error: {}", broken_);
   try {
     pool_->run(fn, [&] {
+      if (peers_) peers_->abort();
       for (auto& comm : comms_) comm->abort();
     });
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 #include "device/hip_compat.h"
 #include "device/kernels.h"
 #include "device/runtime/communicator.h"
+#include "device/runtime/peer_group.h"
 #include "model/error.h"
 
 namespace parity::device {
@@ -19,6 +20,9 @@ std::optional<ShardPlan> shard_of(const Config& c, const DeviceOptions& o) {
   if (tp.comm->size() != tp.degree || tp.comm->rank() != tp.rank)
     fail("tensor parallel: rank {} of {} given the communicator of rank {} of {}", tp.rank,
          tp.degree, tp.comm->rank(), tp.comm->size());
+  if (tp.peers != nullptr && tp.peers->rank() != tp.rank)
+    fail("tensor parallel: rank {} given the peer all-reduce of rank {}", tp.rank,
+         tp.peers->rank());
   return ShardPlan::of(c, tp.degree, tp.rank, tp.experts_split);
 }
 
@@ -61,10 +65,25 @@ void DeviceRuntime::reserve_join(int rows) {
 void DeviceRuntime::all_reduce(float* data, int64_t n, const float* residual, float* resid_out) {
   PARITY_CHECK(shard_ && n <= join_floats_, "all_reduce of {} floats (parts of {})", n,
                join_floats_);
+  reduced_floats_ = n;
+  const PeerRank* peers = options_.tensor_parallel.peers;
+  reduced_by_peers_ = peers != nullptr && peers->takes(n);
+  if (reduced_by_peers_) {
+    peers->all_reduce(data, n, residual, data, resid_out, stream_.get());
+    return;
+  }
   float* parts = join_parts_.as<float>();
   options_.tensor_parallel.comm->all_gather(data, parts, size_t(n), stream_.get());
   launch_f32_rank_sum_residual(parts, shard_->degree, n, residual, data, resid_out, stream_.get());
-  reduced_floats_ = n;
+}
+
+const float* DeviceRuntime::reduced_parts() const {
+  if (reduced_by_peers_) return options_.tensor_parallel.peers->last_parts(stream_.get());
+  return join_parts_.as<float>();
+}
+
+void DeviceRuntime::check_collectives() const {
+  if (const PeerRank* peers = options_.tensor_parallel.peers) peers->check();
 }
 
 void DeviceRuntime::join_logits(int n, const std::function<void(float* shard)>& launch,

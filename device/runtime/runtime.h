@@ -84,10 +84,15 @@ class DeviceRuntime {
   // and with resid_out, resid_out = residual + data. Under tensor parallel only.
   void all_reduce(float* data, int64_t n, const float* residual, float* resid_out);
   // The last all_reduce's partial sums as the group gathered them: rank r's part, that call's n
-  // floats, at reduced_parts() + r n (the tracer reads them); overwritten by the next all_reduce
-  // or join_logits. reduced_floats() is that n, 0 when the parts hold something else.
-  const float* reduced_parts() const { return join_parts_.as<float>(); }
+  // floats, at reduced_parts() + r n (the tracer reads them; waits for the stream); overwritten
+  // by the next all_reduce or join_logits. reduced_floats() is that n, 0 when the parts hold
+  // something else.
+  const float* reduced_parts() const;
   int64_t reduced_floats() const { return reduced_floats_; }
+  // After the stream was waited for: throws parity::Error, one line, when an all-reduce of the
+  // peer path ended without every rank (a rank that never came, or the group given up), so that
+  // no output of that step is taken.
+  void check_collectives() const;
   // lm_head's vocabulary shards of the rows [r0, r0 + n) of final_norm into full rows of logits,
   // n <= kJoinRows: `launch` writes this rank's shard, rows of shard()->vocab.size() floats, to
   // the pointer it gets; then the group gathers the shards and joins them into logits (n rows of
@@ -140,6 +145,7 @@ class DeviceRuntime {
   DeviceBuffer join_parts_;  // tensor parallel: the ranks' gathered parts
   int64_t join_floats_ = 0;  // floats of one rank's part in join_parts_
   int64_t reduced_floats_ = 0;  // what join_parts_ holds: the last all_reduce's n, or 0
+  bool reduced_by_peers_ = false;  // the last all_reduce took the peer path: its parts are there
   StepGraphs graphs_;  // destroyed before the stream (the destructor waits for it first)
 };
 
