@@ -294,6 +294,11 @@ void launch_f32_rank_sum_residual(const float* parts, int ranks, int64_t n, cons
 void launch_f32_peer_rank_sum_residual(const PeerReduceView& peers, const float* data, int64_t n,
                                        const float* residual, float* sum, float* resid_out,
                                        hipStream_t stream);
+// The vocabulary join the same way: shard (this rank's part of `part` floats, part % 4 == 0,
+// part <= peers.capacity) exchanged into every rank's parts, then logits as
+// launch_f32_vocab_join writes them.
+void launch_f32_peer_vocab_join(const PeerReduceView& peers, const float* shard, int64_t part,
+                                int rows, int vocab, float* logits, hipStream_t stream);
 // lm_head's vocabulary shards into full rows: rank r's part (at parts + r part_floats) holds rows
 // [rows, size(r)] of the vocabulary rows split_range(vocab, ranks, r)
 // (device/runtime/shard_plan.h); logits (rows, vocab).

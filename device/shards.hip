@@ -7,8 +7,8 @@
 //   vocab join  logits[b][j] = the row b, column j - begin(r) of rank r's shard, r the rank whose
 //               vocabulary rows (split_range(vocab, ranks, r)) hold j: lm_head's shards into the
 //               full rows the sampler reads.
-// And the all-reduce without NCCL for ranks that reach each other's memory: the peer rank sum,
-// each rank's part stored straight into every rank's parts, then the same rank sum.
+// And both without NCCL for ranks that reach each other's memory: each rank's part stored
+// straight into every rank's parts, then the same rank sum or the same join.
 #include "device/device_math.h"
 
 namespace parity::device {
@@ -41,31 +41,39 @@ __global__ void __launch_bounds__(256)
       parts[int64_t(r) * part_floats + int64_t(b) * size + (j - begin)];
 }
 
-// The peer-store all-reduce (kernels.h, launch_f32_peer_rank_sum_residual). Block b owns the same
-// slice of float4s on every rank: it writes that slice of this rank's part into every rank's
-// parts, raises its flag at every rank, waits for every rank's flag of this call at its own, and
-// adds the slice's parts in rank order. The blocks need not meet each other, only their namesakes
-// on the other ranks, and the kernel's 32 blocks are all resident at once.
+// The peer-store kernels (kernels.h: launch_f32_peer_rank_sum_residual,
+// launch_f32_peer_vocab_join). Block b owns the same slice of float4s of a part on every rank: it
+// writes that slice of this rank's part into every rank's parts, raises its flag at every rank,
+// waits for every rank's flag of this call at its own, and then uses the slice of every rank's
+// part. The blocks need not meet each other, only their namesakes on the other ranks, and the
+// kernels' 32 blocks are all resident at once.
 constexpr int kPeerThreads = 256;
-__global__ void __launch_bounds__(kPeerThreads)
-    f32_peer_rank_sum_residual(PeerReduceView v, const float* data, int64_t n,
-                               const float* __restrict__ residual, float* sum,
-                               float* __restrict__ resid_out) {
+
+struct PeerSlice {
+  int64_t lo, hi;  // float4s of a part this block owns
+  int parity;      // the parts buffer of this call
+  bool ok;         // every rank arrived
+};
+
+// The exchange of this block's slice of `data` (n floats, this rank's part) into every rank's
+// parts; returns the slice, the call's parity and whether every rank came.
+__device__ PeerSlice peer_exchange(const PeerReduceView& v, const float* data, int64_t n) {
   __shared__ uint32_t s_epoch;
   __shared__ int s_ok;
   const int b = int(blockIdx.x), t = int(threadIdx.x);
   if (t == 0) s_epoch = v.epoch[b] + 1;
   __syncthreads();
   const uint32_t e = s_epoch;
-  const int parity = int(e & 1u);
+  PeerSlice slice;
+  slice.parity = int(e & 1u);
   const int64_t n4 = n / 4, per = (n4 + kPeerBlocks - 1) / kPeerBlocks;
-  const int64_t lo = min(n4, int64_t(b) * per), hi = min(n4, lo + per);
+  slice.lo = min(n4, int64_t(b) * per);
+  slice.hi = min(n4, slice.lo + per);
 
-  // This rank's part of the slice into every rank's parts (its own included).
-  for (int64_t i = lo + t; i < hi; i += kPeerThreads) {
+  for (int64_t i = slice.lo + t; i < slice.hi; i += kPeerThreads) {
     const float4 x = reinterpret_cast<const float4*>(data)[i];
     for (int r = 0; r < v.ranks; ++r)
-      reinterpret_cast<float4*>(v.parts[r][parity] + int64_t(v.rank) * n)[i] = x;
+      reinterpret_cast<float4*>(v.parts[r][slice.parity] + int64_t(v.rank) * n)[i] = x;
   }
   __threadfence_system();  // the stores are visible to every GPU before the flags below
   __syncthreads();
@@ -88,16 +96,24 @@ __global__ void __launch_bounds__(kPeerThreads)
         }
       }
     }
-    __threadfence_system();  // the parts' loads below come after the flags'
+    __threadfence_system();  // the parts' loads after this come after the flags'
     v.epoch[b] = e;
     s_ok = ok;
   }
   __syncthreads();
-  if (!s_ok) return;
+  slice.ok = s_ok != 0;
+  return slice;
+}
 
+__global__ void __launch_bounds__(kPeerThreads)
+    f32_peer_rank_sum_residual(PeerReduceView v, const float* data, int64_t n,
+                               const float* __restrict__ residual, float* sum,
+                               float* __restrict__ resid_out) {
+  const PeerSlice slice = peer_exchange(v, data, n);
+  if (!slice.ok) return;
   // The rank-order sum of launch_f32_rank_sum_residual, four floats at a time.
-  const float* own = v.parts[v.rank][parity];
-  for (int64_t i = lo + t; i < hi; i += kPeerThreads) {
+  const float* own = v.parts[v.rank][slice.parity];
+  for (int64_t i = slice.lo + int(threadIdx.x); i < slice.hi; i += kPeerThreads) {
     float4 acc = load_published(reinterpret_cast<const float4*>(own) + i);
     for (int r = 1; r < v.ranks; ++r) {
       const float4 x = load_published(reinterpret_cast<const float4*>(own + int64_t(r) * n) + i);
@@ -111,6 +127,32 @@ __global__ void __launch_bounds__(kPeerThreads)
       const float4 res = reinterpret_cast<const float4*>(residual)[i];
       reinterpret_cast<float4*>(resid_out)[i] =
           make_float4(res.x + acc.x, res.y + acc.y, res.z + acc.z, res.w + acc.w);
+    }
+  }
+}
+
+// The vocabulary join of f32_vocab_join from the exchanged parts: this block's slice of every
+// rank's part (rank r's rows of size(r) columns, the part `part` floats) to its place in logits.
+__global__ void __launch_bounds__(kPeerThreads)
+    f32_peer_vocab_join(PeerReduceView v, const float* shard, int64_t part, int rows, int vocab,
+                        float* __restrict__ logits) {
+  const PeerSlice slice = peer_exchange(v, shard, part);
+  if (!slice.ok) return;
+  const float* parts = v.parts[v.rank][slice.parity];
+  const int base = vocab / v.ranks, extra = vocab % v.ranks;
+  for (int r = 0; r < v.ranks; ++r) {
+    const int begin = r * base + min(r, extra), size = base + (r < extra ? 1 : 0);
+    const int64_t valid = int64_t(rows) * size;
+    const float4* src = reinterpret_cast<const float4*>(parts + int64_t(r) * part);
+    for (int64_t i = slice.lo + int(threadIdx.x); i < slice.hi; i += kPeerThreads) {
+      const float4 x = load_published(src + i);
+      const float xs[4] = {x.x, x.y, x.z, x.w};
+      for (int c = 0; c < 4; ++c) {
+        const int64_t at = 4 * i + c;
+        if (at >= valid) break;
+        const int64_t row = at / size, col = at % size;
+        logits[row * vocab + begin + col] = xs[c];
+      }
     }
   }
 }
@@ -134,6 +176,25 @@ void launch_f32_peer_rank_sum_residual(const PeerReduceView& peers, const float*
   f32_peer_rank_sum_residual<<<kPeerBlocks, kPeerThreads, 0, stream>>>(peers, data, n, residual,
                                                                        sum, resid_out);
   HIP_LAUNCH_CHECK("f32_peer_rank_sum_residual", stream);
+}
+
+void launch_f32_peer_vocab_join(const PeerReduceView& peers, const float* shard, int64_t part,
+                                int rows, int vocab, float* logits, hipStream_t stream) {
+  PARITY_DEVICE_REQUIRE(shard != nullptr && logits != nullptr && rows > 0 && part > 0 &&
+                            part % 4 == 0 && part <= peers.capacity,
+                        "launch_f32_peer_vocab_join: a part of ", part,
+                        " floats (a multiple of 4, at most ", peers.capacity, ")");
+  PARITY_DEVICE_REQUIRE(peers.ranks >= 2 && peers.ranks <= kPeerMaxRanks && peers.rank >= 0 &&
+                            peers.rank < peers.ranks && peers.epoch != nullptr &&
+                            peers.abort != nullptr && peers.failed != nullptr,
+                        "launch_f32_peer_vocab_join: rank ", peers.rank, " of ", peers.ranks,
+                        " without its places");
+  PARITY_DEVICE_REQUIRE(
+      vocab >= peers.ranks && part >= int64_t(rows) * ((vocab + peers.ranks - 1) / peers.ranks),
+      "launch_f32_peer_vocab_join: a part of ", part, " floats is short of ", rows, " rows");
+  f32_peer_vocab_join<<<kPeerBlocks, kPeerThreads, 0, stream>>>(peers, shard, part, rows, vocab,
+                                                                logits);
+  HIP_LAUNCH_CHECK("f32_peer_vocab_join", stream);
 }
 
 void launch_f32_rank_sum_residual(const float* parts, int ranks, int64_t n, const float* residual,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (GCC, Debian's
-# libasan/libubsan; LeakSanitizer comes with ASan): builds the CPU side into build-asan/ with
-# -DPARITY_SANITIZE=address,undefined and runs every ctest test there. The tests run the tools
+# The whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (clang 14 and its
+# runtimes; LeakSanitizer comes with ASan): builds the CPU side into build-asan/ with
+# -DPARITY_SANITIZE=address,undefined and runs every ctest test there. Clang, not GCC: the same
+# tree builds in about half the time under the sanitizers (a test file: 19 s against 37 s on the
+# CI machines' 2 cores), and clang's UBSan checks float-cast-overflow too. The tests run the tools
 # through the shell from build-asan/bin, so the tools are the sanitized ones too.
 # Fails on a failing test or on any sanitizer report, and prints every report.
 # Usage: scripts/sanitize.sh [extra cmake -D options]
@@ -10,12 +12,14 @@ cd "$(dirname "$0")/.."
 root="$PWD"
 build="$root/build-asan"
 
-# The packages scripts/setup.sh installs (g++ brings libasan8 and libubsan1), read from its
-# list, the one place they are kept: this script may run first on a fresh machine, and must
-# not build build/ to get them.
+# The packages scripts/setup.sh installs, read from its list, the one place they are kept (this
+# script may run first on a fresh machine, and must not build build/ to get them), and clang's:
+# clang, its runtimes (libclang-rt-14-dev holds the sanitizer runtimes; apt only recommends it)
+# and its OpenMP runtime (libomp-14-dev: model/ links OpenMP).
 packages=()
 eval "$(sed -n '/^packages=(/,/)/p' scripts/setup.sh)"
 [ ${#packages[@]} -gt 0 ] || { echo "sanitize: no package list found in scripts/setup.sh"; exit 2; }
+packages+=(clang libclang-rt-14-dev libomp-14-dev)
 bash scripts/install_packages.sh "${packages[@]}"
 
 # Every sanitizer report of every process (the test binary, the tools it runs, and the test
@@ -60,10 +64,11 @@ fi
 
 # -O1 -g1: optimised (the suite's heavy numerics run in reasonable time) with the line tables a
 # report needs, and half the compile time of -O2 -g under the sanitizers (a 2-core CI machine
-# builds the whole tree here). No PARITY_WERROR: the sanitizer passes make GCC warn where it
-# otherwise would not (false -Wmaybe-uninitialized); scripts/test.sh holds the warning gate.
+# builds the whole tree here). No PARITY_WERROR: the sanitizer passes make compilers warn where
+# they otherwise would not; scripts/test.sh (GCC) holds the warning gate.
 start=$SECONDS
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPU=off \
+  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
   -DPARITY_SANITIZE=address,undefined "$@"
 cmake --build "$build" -j"$(nproc)"

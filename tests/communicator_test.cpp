@@ -3,11 +3,12 @@
 // or disagrees on the length fails every rank instead of hanging them; NCCL
 // (device/runtime/communicator.h) does the same on two GPUs, where the machine has them; the
 // peer-store all-reduce (device/runtime/peer_group.h) gives the bits of the all-gather and rank
-// sum on every rank, call after call, and a rank that never comes or a group given up ends the
-// others' waits with one line instead of hanging them.
+// sum on every rank, call after call, and its join the vocabulary join's, and a rank that never
+// comes or a group given up ends the others' waits with one line instead of hanging them.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -245,6 +246,52 @@ TEST(PeerGroup, EveryRankGetsTheBitsOfTheGatherAndRankSumCallAfterCall) {
         }
     EXPECT_FALSE(group->rank(0)->takes(PeerGroup::kPartFloats + 4));
     EXPECT_FALSE(group->rank(0)->takes(2882));  // not whole float4s
+  }
+}
+
+// lm_head's vocabulary shards joined by peer stores: every rank gets launch_f32_vocab_join's
+// rows, with shards of unequal size (a vocabulary the ranks do not divide), call after call.
+TEST(PeerGroup, EveryRankJoinsTheVocabularyShards) {
+  for (const int size : {2, 3, 4}) {
+    if (const std::string why = peer_group_unavailable(size); !why.empty()) {
+      if (size == 2) GTEST_SKIP() << why;
+      break;
+    }
+    SCOPED_TRACE(size);
+    std::vector<int> devices(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) devices[size_t(r)] = r;
+    auto group = PeerGroup::open(devices);
+    ASSERT_TRUE(group);
+    const int vocab = 1000, base = vocab / size, extra = vocab % size;
+    for (const int rows : {1, 2, 4}) {
+      SCOPED_TRACE(rows);
+      const int64_t part = int64_t(rows) * ((vocab + size - 1) / size);
+      ASSERT_EQ(part % 4, 0);
+      const auto shards = random_buffers(size, size_t(part), 300 + uint64_t(rows));
+      std::vector<float> want(size_t(rows) * vocab);
+      for (int r = 0; r < size; ++r) {
+        const int begin = r * base + std::min(r, extra), cols = base + (r < extra ? 1 : 0);
+        for (int b = 0; b < rows; ++b)
+          for (int j = 0; j < cols; ++j)
+            want[size_t(b) * vocab + size_t(begin + j)] = shards[size_t(r)][size_t(b * cols + j)];
+      }
+      std::vector<std::vector<float>> got(static_cast<size_t>(size));
+      const auto errors = on_ranks(size, [&](int r) {
+        HIP_CHECK(hipSetDevice(devices[size_t(r)]));
+        DeviceBuffer shard = test::upload(shards[size_t(r)]);
+        DeviceBuffer logits(size_t(rows) * vocab * sizeof(float));
+        group->rank(r)->join_vocab(shard.as<float>(), part, rows, vocab, logits.as<float>(),
+                                   nullptr);
+        HIP_CHECK(hipStreamSynchronize(nullptr));
+        group->rank(r)->check();
+        got[size_t(r)] = test::download<float>(logits, size_t(rows) * vocab);
+      });
+      for (int r = 0; r < size; ++r) {
+        ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+        EXPECT_EQ(std::memcmp(got[size_t(r)].data(), want.data(), want.size() * sizeof(float)), 0)
+            << "rank " << r;
+      }
+    }
   }
 }
 

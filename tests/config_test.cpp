@@ -398,7 +398,8 @@ TEST(ConfigErrors, WrongType) {
       {"head_dim", "64"},
   };
   for (const auto& [key, value] : cases)
-    expect_refused(with(hub_20b(), [&](json& j) { j[key] = value; }), {key});
+    expect_refused(with(hub_20b(), [&key = key, &value = value](json& j) { j[key] = value; }),
+                   {key});
   // Inside the rope section the message says which section.
   expect_refused(with(hub_20b(), [](json& j) { j["rope_scaling"]["factor"] = "32"; }),
                  {"rope_scaling", "factor"});
@@ -558,7 +559,8 @@ TEST(ConfigErrors, DimensionsBeyondAnyModelAreRefused) {
       {"sliding_window", big},
   };
   for (const auto& [key, value] : cases)
-    expect_refused(with(hub_20b(), [&](json& j) { j[key] = value; }), {key, "at most"});
+    expect_refused(with(hub_20b(), [&key = key, &value = value](json& j) { j[key] = value; }),
+                   {key, "at most"});
   expect_refused(with(hub_20b(),
                       [](json& j) {
                         j["num_key_value_heads"] = ConfigLimits::kMaxHeads + 1;
@@ -699,8 +701,12 @@ TEST(ConfigErrors, RealParametersOutsideTheirDomain) {
       {"beta_slow", 0.0},   {"factor", 0.0},    {"factor", -32.0},
   };
   for (const auto& [key, value] : rope_cases) {
-    expect_refused(with(hub_20b(), [&](json& j) { j["rope_scaling"][key] = value; }), {key});
-    expect_refused(with(tf5_20b(), [&](json& j) { j["rope_parameters"][key] = value; }), {key});
+    expect_refused(
+        with(hub_20b(), [&key = key, &value = value](json& j) { j["rope_scaling"][key] = value; }),
+        {key});
+    expect_refused(with(tf5_20b(), [&key = key, &value = value](
+                                       json& j) { j["rope_parameters"][key] = value; }),
+                   {key});
   }
   expect_refused(with(hub_20b(), [](json& j) { j["rope_theta"] = 0; }), {"rope_theta"});
   expect_refused(with(hub_20b(), [](json& j) { j["rope_theta"] = -150000; }), {"rope_theta"});

@@ -1132,8 +1132,11 @@ TEST(TraceFile, RunIdPairsTheTracesOfOneRun) {
 
   const std::string other = new_run_id();
   const auto [a_stale, b_new] = traces("stale", other, id);
-  expect_error([&] { (void)diff_traces(TraceReader(a_stale), TraceReader(b_new), criterion); },
-               {a_stale, b_new, "different runs", id, other});
+  expect_error(
+      [&, &a_stale = a_stale, &b_new = b_new] {
+        (void)diff_traces(TraceReader(a_stale), TraceReader(b_new), criterion);
+      },
+      {a_stale, b_new, "different runs", id, other});
 
   const auto [a_none, b_some] = traces("none", "", id);
   EXPECT_EQ(TraceReader(a_none).meta().run_id, "");

@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "device/hip_compat.h"
 #include "device/kernels.h"
@@ -35,6 +38,25 @@ class CurrentDevice {
   int device_ = 0;
 };
 
+// Peer access from the current device to `peer`, once per pair in this process: enabling it
+// again is an error the runtime reports (and compute-sanitizer with it), so the pairs this
+// process enabled are remembered. One enabled by another library first (NCCL enables its own
+// when it first needs them) is the same error, taken as done.
+void enable_peer_access(int peer) {
+  static std::mutex m;
+  static std::set<std::pair<int, int>> enabled;
+  int device = 0;
+  HIP_CHECK(hipGetDevice(&device));
+  const std::lock_guard lock(m);
+  if (enabled.count({device, peer}) != 0) return;
+  const hipError_t err = hipDeviceEnablePeerAccess(peer, 0);
+  if (err == hipErrorPeerAccessAlreadyEnabled)
+    (void)hipGetLastError();
+  else
+    HIP_CHECK(err);
+  enabled.insert({device, peer});
+}
+
 uint32_t load_word(const uint32_t* w) {
   return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(w)).load(std::memory_order_acquire);
 }
@@ -62,14 +84,8 @@ std::unique_ptr<PeerGroup> PeerGroup::open(std::span<const int> devices, double 
   g->timeout_seconds_ = timeout_seconds;
   for (int i = 0; i < n; ++i) {
     HIP_CHECK(hipSetDevice(devices[size_t(i)]));
-    for (int j = 0; j < n; ++j) {
-      if (i == j) continue;
-      const hipError_t err = hipDeviceEnablePeerAccess(devices[size_t(j)], 0);
-      if (err == hipErrorPeerAccessAlreadyEnabled)
-        (void)hipGetLastError();  // enabled before (another group of this process): fine
-      else
-        HIP_CHECK(err);
-    }
+    for (int j = 0; j < n; ++j)
+      if (i != j) enable_peer_access(devices[size_t(j)]);
   }
 
   // The host-mapped words, readable and writable by every GPU of the group.
@@ -129,6 +145,11 @@ bool PeerGroup::aborted() const {
 void PeerRank::all_reduce(const float* data, int64_t n, const float* residual, float* sum,
                           float* resid_out, hipStream_t stream) const {
   launch_f32_peer_rank_sum_residual(view_, data, n, residual, sum, resid_out, stream);
+}
+
+void PeerRank::join_vocab(const float* shard, int64_t part, int rows, int vocab, float* logits,
+                          hipStream_t stream) const {
+  launch_f32_peer_vocab_join(view_, shard, part, rows, vocab, logits, stream);
 }
 
 const float* PeerRank::last_parts(hipStream_t stream) const {

@@ -5,12 +5,13 @@
 // (launch_f32_peer_rank_sum_residual): one kernel and one crossing of the link, where the
 // all-gather path (DeviceRuntime::all_reduce) takes NCCL's kernel and protocol and then a kernel
 // for the sum. The parts and the rank-order sum are the all-gather path's, so the bits are too.
+// lm_head's vocabulary shards are joined the same way (launch_f32_peer_vocab_join).
 //
 // The group is set up once for its GPUs, before their runtimes (open); a runtime takes its rank
-// (DeviceOptions::TensorParallel::peers) and uses it for every all-reduce of at most capacity()
-// floats, the all-gather path above that. A wait is bounded: when the group is given up (abort,
-// from the rank group on a rank's failure) or a rank does not arrive within the timeout, the
-// waiting kernels end without their outputs, and check() says so on the host.
+// (DeviceOptions::TensorParallel::peers) and uses it for every all-reduce and join of at most
+// capacity() floats a rank, the all-gather path above that. A wait is bounded: when the group is
+// given up (abort, from the rank group on a rank's failure) or a rank does not arrive within the
+// timeout, the waiting kernels end without their outputs, and check() says so on the host.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +37,10 @@ class PeerRank {
   bool takes(int64_t n) const { return n > 0 && n % 4 == 0 && n <= view_.capacity; }
   // launch_f32_peer_rank_sum_residual on `stream` (this rank's GPU current).
   void all_reduce(const float* data, int64_t n, const float* residual, float* sum, float* resid_out,
+                  hipStream_t stream) const;
+  // launch_f32_peer_vocab_join on `stream`: this rank's vocabulary shard (a part of `part`
+  // floats, takes(part)) into full rows of logits.
+  void join_vocab(const float* shard, int64_t part, int rows, int vocab, float* logits,
                   hipStream_t stream) const;
   // The parts of the last all_reduce on `stream` (waits for it): rank r's n floats at + r n.
   const float* last_parts(hipStream_t stream) const;

@@ -96,7 +96,13 @@ void DeviceRuntime::join_logits(int n, const std::function<void(float* shard)>& 
       int64_t(n) * ((int64_t(c_.vocab_size) + shard_->degree - 1) / shard_->degree);
   float* own = parts + int64_t(shard_->rank) * part;
   reduced_floats_ = 0;
+  reduced_by_peers_ = false;
   launch(own);
+  if (const PeerRank* peers = options_.tensor_parallel.peers;
+      peers != nullptr && peers->takes(part)) {
+    peers->join_vocab(own, part, n, c_.vocab_size, logits, stream_.get());
+    return;
+  }
   options_.tensor_parallel.comm->all_gather(own, parts, size_t(part), stream_.get());
   launch_f32_vocab_join(parts, shard_->degree, n, c_.vocab_size, part, logits, stream_.get());
 }
