@@ -8,75 +8,13 @@
 #include <exception>
 #include <thread>
 
+#include "engine/byte_message.h"
 #include "model/error.h"
 
 namespace parity {
 namespace {
 
 enum Tag : int { kAsk = 1, kItem = 2, kNone = 3, kResult = 4, kStats = 5 };
-
-// Messages are flat byte strings of fixed-size fields.
-class Writer {
- public:
-  template <typename T>
-  Writer& put(const T& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    buf_.append(reinterpret_cast<const char*>(&v), sizeof(T));
-    return *this;
-  }
-  template <typename T>
-  Writer& put_vector(const std::vector<T>& v) {
-    put(uint64_t(v.size()));
-    if (!v.empty()) buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-    return *this;
-  }
-  Writer& put_string(const std::string& s) {
-    put(uint64_t(s.size()));
-    buf_ += s;
-    return *this;
-  }
-  const std::string& bytes() const { return buf_; }
-
- private:
-  std::string buf_;
-};
-
-class Reader {
- public:
-  explicit Reader(const std::string& b) : b_(b) {}
-  template <typename T>
-  T get() {
-    T v;
-    need(sizeof(T));
-    std::memcpy(&v, b_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return v;
-  }
-  template <typename T>
-  std::vector<T> get_vector() {
-    const uint64_t n = get<uint64_t>();
-    PARITY_CHECK(n <= (b_.size() - at_) / sizeof(T), "MPI message: a vector of {} past its end", n);
-    std::vector<T> v(n);
-    // An empty vector's data() may be null, and memcpy's pointers must not be, even for 0 bytes.
-    if (n > 0) std::memcpy(v.data(), b_.data() + at_, n * sizeof(T));
-    at_ += n * sizeof(T);
-    return v;
-  }
-  std::string get_string() {
-    const uint64_t n = get<uint64_t>();
-    need(n);
-    std::string s = b_.substr(at_, n);
-    at_ += n;
-    return s;
-  }
-
- private:
-  void need(size_t n) const {
-    PARITY_CHECK(n <= b_.size() - at_, "MPI message: {} bytes past its end", n);
-  }
-  const std::string& b_;
-  size_t at_ = 0;
-};
 
 void send(const std::string& bytes, int dest, int tag) {
   PARITY_CHECK(bytes.size() < size_t(1) << 31, "MPI message of {} bytes", bytes.size());
@@ -94,14 +32,14 @@ std::string receive(const MPI_Status& status) {
 }
 
 std::string encode_item(const WorkItem& item) {
-  Writer w;
+  ByteWriter w;
   w.put(uint64_t(item.index)).put(item.request.id).put_vector(item.request.prompt);
   w.put(int32_t(item.request.max_tokens)).put(uint8_t(item.request.ignore_eos ? 1 : 0));
   return w.bytes();
 }
 
 WorkItem decode_item(const std::string& bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   WorkItem item;
   item.index = size_t(r.get<uint64_t>());
   item.request.id = r.get<uint64_t>();
@@ -114,14 +52,14 @@ WorkItem decode_item(const std::string& bytes) {
 }
 
 std::string encode_result(size_t index, const EngineResult& res) {
-  Writer w;
+  ByteWriter w;
   w.put(uint64_t(index)).put(int32_t(res.finish)).put(int32_t(res.worker)).put(res.ttft_seconds);
   w.put_vector(res.generated).put_string(res.error);
   return w.bytes();
 }
 
 std::pair<size_t, EngineResult> decode_result(const std::string& bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   const size_t index = size_t(r.get<uint64_t>());
   EngineResult res;
   const int32_t finish = r.get<int32_t>();
@@ -136,7 +74,7 @@ std::pair<size_t, EngineResult> decode_result(const std::string& bytes) {
 }
 
 std::string encode_stats(const EngineStats& s) {
-  Writer w;
+  ByteWriter w;
   w.put(uint64_t(s.requests)).put(uint64_t(s.failed)).put(s.prompt_tokens).put(s.generated_tokens);
   w.put(s.prefill_rows).put(s.decode_rows).put(s.steps).put(s.wall_seconds);
   w.put(s.prefill_seconds).put(s.decode_seconds).put_vector(s.ttft_seconds);
@@ -145,7 +83,7 @@ std::string encode_stats(const EngineStats& s) {
 }
 
 EngineStats decode_stats(const std::string& bytes) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   EngineStats s;
   s.requests = size_t(r.get<uint64_t>());
   s.failed = size_t(r.get<uint64_t>());
@@ -196,12 +134,13 @@ bool launched_by_mpi() {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_FUNNELED) {
     MPI_Finalize();
     fail("MPI: the library provides thread level {}, the engine needs MPI_THREAD_FUNNELED",
          provided);
   }
+  thread_level_ = provided;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   MPI_Comm local;
@@ -228,7 +167,10 @@ void MpiSession::abort(int code) const {
 }
 
 void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<EngineStats()>& local,
-                std::vector<EngineStats>& per_rank, const std::function<void()>& poll) {
+                std::vector<EngineStats>& per_rank, const std::function<void()>& poll,
+                int engine_every) {
+  PARITY_CHECK(engine_every >= 1 && mpi.size() % engine_every == 0,
+               "MPI: engines on every {}th of {} ranks", engine_every, mpi.size());
   per_rank.assign(size_t(mpi.size()), EngineStats{});
   std::atomic<bool> local_done = false;
   std::exception_ptr local_error;
@@ -240,7 +182,7 @@ void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<En
     }
     local_done = true;
   });
-  int active = mpi.size() - 1;
+  int active = mpi.size() / engine_every - 1;  // the other ranks with an engine
   auto last_poll = std::chrono::steady_clock::now();
   while (active > 0 || !local_done) {
     int flag = 0;

@@ -35,6 +35,7 @@
 #include "model/untrusted.h"
 #include "tools/common.h"
 #ifdef PARITY_HAVE_DEVICE_ENGINE
+#include "device/runtime/communicator.h"
 #include "device/runtime/device.h"
 #include "device/runtime/peer_group.h"
 #include "device/runtime/serving_limits.h"
@@ -43,6 +44,7 @@
 #include "engine/tensor_parallel_runner.h"
 #endif
 #ifdef PARITY_HAVE_MPI
+#include "engine/mpi_group.h"
 #include "engine/mpi_work.h"
 #endif
 
@@ -134,6 +136,10 @@ bool device_backend(const RunFlags& f) {
 struct Workers {
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+  // An MPI group rank's NCCL communicator: its runner uses it, so it goes after the runner.
+  std::unique_ptr<device::Communicator> comm;
+#endif
   std::vector<std::unique_ptr<Backend>> backends;
   std::vector<std::unique_ptr<StepRunner>> runners;
   std::vector<std::unique_ptr<Engine>> engines;
@@ -165,16 +171,12 @@ Placement placement(const RunFlags& f, int mpi_local_rank, int mpi_local_size) {
 #endif
   }
   p.group = f.tensor_parallel;
-  if (f.tensor_parallel > 1) {
-    if (!device_backend(f))
-      fail("--tensor-parallel {}: the device backend's (--backend hip)", f.tensor_parallel);
-    if (mpi_local_rank >= 0)
-      fail(
-          "--tensor-parallel {}: under MPI each rank runs one GPU; a group's ranks are threads "
-          "of one process (run without mpirun)",
-          f.tensor_parallel);
-  }
+  if (f.tensor_parallel > 1 && !device_backend(f))
+    fail("--tensor-parallel {}: the device backend's (--backend hip)", f.tensor_parallel);
   if (mpi_local_rank >= 0) {
+    // One GPU a rank; a tensor-parallel group's ranks are MPI ranks (engine/mpi_group.h), its
+    // rank's runner attached after load (attach_group_runner).
+    p.group = 1;
     if (device_backend(f) && mpi_local_size > available)
       fail("MPI: {} ranks on this host, which has {} GPUs (one rank per GPU)", mpi_local_size,
            available);
@@ -247,6 +249,16 @@ device::ServingLimits device_limits(const RunFlags& f, const Model& m, const Pla
 }
 #endif
 
+EngineOptions engine_options(const RunFlags& f, const Workers& w, SchedulerLimits limits) {
+  EngineOptions o;
+  o.limits = limits;
+  o.max_tokens = f.max_tokens;
+  o.context = f.context;
+  o.sampling = f.sampling;
+  o.stop_tokens = model_stop_tokens(w.model->dir, *w.tokenizer);
+  return o;
+}
+
 Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1) {
   Workers w;
   // Before anything is sized by them (the device's step arena, the engines' slots).
@@ -262,11 +274,14 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
                          f.max_batch_given ? "" : " (the host backends' default)", f.step_tokens,
                          f.step_tokens_given ? "" : " (the host backends' default)");
   // Before any GPU is touched: one line naming what the degree does not divide.
-  if (where.group > 1)
+  if (f.tensor_parallel > 1)
     if (const std::string why = device::tensor_parallel_problem(
-            w.model->config, where.group, device::ExpertSplit::by_intermediate);
+            w.model->config, f.tensor_parallel, device::ExpertSplit::by_intermediate);
         !why.empty())
-      fail("--tensor-parallel {}: {}: {}", where.group, dir, why);
+      fail("--tensor-parallel {}: {}: {}", f.tensor_parallel, dir, why);
+  // Under MPI a tensor-parallel rank's runner is attached once the world agreed that every rank
+  // loaded (attach_group_runner): its setup meets the group's other ranks.
+  if (mpi_local_rank >= 0 && f.tensor_parallel > 1) return w;
   w.runners.resize(size_t(where.count / where.group));
   if (device_backend(f)) {
 #ifdef PARITY_HAVE_DEVICE_ENGINE
@@ -333,12 +348,7 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
       w.runners[size_t(i)] = std::make_unique<GraphRunner>(*w.backends.back(), kv_blocks, block_size);
     }
   }
-  EngineOptions o;
-  o.limits = limits;
-  o.max_tokens = f.max_tokens;
-  o.context = f.context;
-  o.sampling = f.sampling;
-  o.stop_tokens = model_stop_tokens(w.model->dir, *w.tokenizer);
+  const EngineOptions o = engine_options(f, w, limits);
   for (auto& r : w.runners) {
     w.engines.push_back(std::make_unique<Engine>(*r, o));
     w.names.push_back(device_backend(f) ? r->name()
@@ -346,6 +356,105 @@ Workers load(const RunFlags& f, int mpi_local_rank = -1, int mpi_local_size = 1)
   }
   return w;
 }
+
+#if defined(PARITY_HAVE_MPI) && defined(PARITY_HAVE_DEVICE_ENGINE)
+// Runs `local` on this rank, then agrees with its group: true when it went well on every rank. A
+// rank whose own part failed rethrows its error; the others return false, and every rank then
+// skips the group's remaining collectives alike (the world's agreement after says who failed).
+bool group_step(const MpiGroup& g, const std::function<void()>& local) {
+  std::exception_ptr e;
+  try {
+    local();
+  } catch (...) {
+    e = std::current_exception();
+  }
+  const bool every = g.min(e ? 0 : 1) == 1;
+  if (e) std::rethrow_exception(e);
+  return every;
+}
+
+// What the ranks of a group compare: the model's shape and its weights' bytes.
+uint64_t model_identity(const Model& m) {
+  const Config& c = m.config;
+  uint64_t h = device::plan_weights(m).total;
+  for (const int64_t x :
+       {int64_t(c.hidden_size), int64_t(c.num_hidden_layers), int64_t(c.num_local_experts),
+        int64_t(c.vocab_size), int64_t(c.num_attention_heads), int64_t(c.num_key_value_heads),
+        int64_t(c.intermediate_size)})
+    h = h * 1099511628211ull ^ uint64_t(x);
+  return h;
+}
+
+// This MPI rank's part of its tensor-parallel group (engine/mpi_group.h), after load: the
+// group's limits (each rank sizes them from its GPU; the smallest go), the same model on every
+// rank, NCCL's communicator from the leader's id, and its runner: the leader's sends every call
+// to the group and gets the engine; the others' replay them (follow_group_leader). Returns with
+// no runner when another rank of the group failed.
+void attach_group_runner(const RunFlags& f, Workers& w, const MpiGroup& g, int local_rank) {
+  const int degree = g.size();
+  SchedulerLimits limits{f.max_batch, f.step_tokens};
+  size_t kv_bytes = kv_memory_bytes(f);
+  const bool sizing = !f.max_batch_given || !f.step_tokens_given || kv_bytes == 0;
+  device::ServingLimits sized;
+  if (!group_step(g, [&] {
+        if (local_rank >= device_count())
+          fail("MPI: local rank {} on a host with {} GPUs (one rank per GPU)", local_rank,
+               device_count());
+        if (sizing) sized = device_limits(f, *w.model, Placement{1, local_rank, degree}, kv_bytes);
+      }))
+    return;
+  if (sizing) {  // the group's smallest: every rank's pool and steps are the same
+    if (!f.max_batch_given) limits.max_batch = int(g.min(sized.max_batch));
+    if (!f.step_tokens_given) limits.step_tokens = int(g.min(sized.step_tokens));
+    if (kv_bytes == 0) kv_bytes = size_t(g.min(int64_t(sized.kv_bytes)));
+  }
+  w.limits = fmt::format(
+      "--max-batch {}, --step-tokens {}, KV cache {:.2f} GiB per GPU ({} of an MPI group of {})",
+      limits.max_batch, limits.step_tokens, double(kv_bytes) / double(1 << 30),
+      sizing ? "sized from the memory, the smallest" : "given", degree);
+  if (!g.same(model_identity(*w.model)))
+    fail(
+        "tensor parallel: the ranks of the MPI group of world ranks {}..{} loaded different models",
+        g.world_rank(), g.world_rank() + degree - 1);
+  device::NcclId id{};
+  if (!group_step(g, [&] {
+        if (g.leader()) id = device::nccl_unique_id();
+      }))
+    return;
+  const std::string got = g.broadcast(g.leader() ? std::string(id.data(), id.size()) : "");
+  PARITY_CHECK(got.size() == id.size(), "tensor parallel: an NCCL id of {} bytes", got.size());
+  std::memcpy(id.data(), got.data(), id.size());
+  w.comm = device::nccl_rank(id, degree, g.rank(), local_rank);
+  std::unique_ptr<StepRunner> runner;
+  if (!group_step(g, [&] {
+        device::DeviceOptions o;
+        o.device = local_rank;
+        o.max_context = f.context;
+        o.kv_bytes = kv_bytes;
+        o.arena_rows = o.max_step_rows = std::max(limits.step_tokens, limits.max_batch);
+        o.graphs = !f.no_graphs;
+        o.precision = f.precision;
+        o.tensor_parallel.degree = degree;
+        o.tensor_parallel.rank = g.rank();
+        o.tensor_parallel.comm = w.comm.get();
+        if (g.world_rank() == 0 && g.leader())
+          o.log = [](const std::string& text) { std::cerr << text << std::flush; };
+        runner = make_device_runner(*w.model, o, f.kernel_times);
+      }))
+    return;
+  if (!g.same(uint64_t(runner->kv_blocks())))
+    fail(
+        "tensor parallel: the ranks of an MPI group hold KV pools of different sizes: give "
+        "--kv-memory");
+  if (!g.leader()) {
+    w.runners.push_back(std::move(runner));
+    return;
+  }
+  w.runners.push_back(make_mpi_group_leader(g, std::move(runner)));
+  w.engines.push_back(std::make_unique<Engine>(*w.runners.back(), engine_options(f, w, limits)));
+  w.names.push_back(w.runners.back()->name());
+}
+#endif
 
 std::vector<TokenId> prompt_tokens(const Tokenizer& t, const std::string& prompt, bool harmony) {
   return harmony ? harmony_user_prompt(t, prompt) : t.encode(prompt, false);
@@ -491,11 +600,16 @@ int getp(const RunFlags& f) {
 // getp on every rank of an MPI world: rank 0 hands out the requests and writes; the others run.
 // `lines` (rank 0's) and `w` are read and loaded on every rank before.
 int getp_mpi(const RunFlags& f, const MpiSession& mpi, const std::vector<RequestLine>& lines,
-             Workers& w) {
+             Workers& w, const MpiGroup* group) {
+  if (group != nullptr && !group->leader()) {
+    follow_group_leader(*group, *w.runners.front());
+    return kExitOk;
+  }
   if (mpi.rank() != 0) {
     work_for_rank0(mpi, *w.engines.front());
     return kExitOk;
   }
+  const int engine_every = group != nullptr ? group->size() : 1;
   std::cerr << "run: limits: " << w.limits << "\n";
   Prepared p = prepare(f, lines, *w.tokenizer);
   LocalQueue queue(p.requests);
@@ -507,16 +621,20 @@ int getp_mpi(const RunFlags& f, const MpiSession& mpi, const std::vector<Request
         w.engines.front()->run(queue, {}, Clock::now(), 0);
         return w.engines.front()->stats();
       },
-      per, [&] { progress.update(queue.completed(), queue.generated_tokens()); });
+      per, [&] { progress.update(queue.completed(), queue.generated_tokens()); }, engine_every);
   progress.finish();
   const int code = finish_getp(f, p, queue.take_results(), *w.tokenizer);
   EngineStats total;
+  std::vector<EngineStats> engines;
   std::vector<std::string> names;
-  for (size_t r = 0; r < per.size(); ++r) {
+  for (size_t r = 0; r < per.size(); r += size_t(engine_every)) {
     total.merge(per[r]);
-    names.push_back(fmt::format("rank {}", r));
+    engines.push_back(per[r]);
+    names.push_back(engine_every == 1
+                        ? fmt::format("rank {}", r)
+                        : fmt::format("ranks {}..{}", r, r + size_t(engine_every) - 1));
   }
-  std::cerr << summary_text(with_line_errors(total, p), per, names);
+  std::cerr << summary_text(with_line_errors(total, p), engines, names);
   print_device_reports(w);
   return code;
 }
@@ -690,8 +808,23 @@ int run_mpi(const MpiSession& mpi, int argc, char** argv) {
               << std::flush;
   };
   std::vector<RequestLine> lines;
+  std::optional<MpiGroup> group;  // outlives the workers: the leader's runner talks to it
   std::optional<Workers> w;
   std::optional<std::exception_ptr> failure;
+  // Every rank reaches each agreement, so that a rank that failed is reported once and nobody
+  // waits for it in a collective.
+  const auto agreed = [&] {
+    const int failed = mpi.first_failing_rank(failure.has_value());
+    if (failed < 0) return true;
+    if (failed == mpi.rank()) {
+      try {
+        std::rethrow_exception(*failure);
+      } catch (const std::exception& e) {
+        report(e);
+      }
+    }
+    return false;
+  };
   try {
     check_flags(app, f);
     if (f.mode != "getp") fail("-m {}: under MPI only getp runs on several ranks", f.mode);
@@ -700,18 +833,20 @@ int run_mpi(const MpiSession& mpi, int argc, char** argv) {
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
-  if (const int failed = mpi.first_failing_rank(failure.has_value()); failed >= 0) {
-    if (failed == mpi.rank()) {
-      try {
-        std::rethrow_exception(*failure);
-      } catch (const std::exception& e) {
-        report(e);
-      }
+  if (!agreed()) return kExitError;
+  if (f.tensor_parallel > 1) {
+#ifdef PARITY_HAVE_DEVICE_ENGINE
+    try {
+      group.emplace(mpi, f.tensor_parallel);
+      attach_group_runner(f, *w, *group, mpi.local_rank());
+    } catch (const std::exception&) {
+      failure = std::current_exception();
     }
-    return kExitError;
+    if (!agreed()) return kExitError;
+#endif
   }
   try {
-    return getp_mpi(f, mpi, lines, *w);
+    return getp_mpi(f, mpi, lines, *w, group ? &*group : nullptr);
   } catch (const std::exception& e) {
     report(e);
     mpi.abort(kExitError);
