@@ -37,7 +37,8 @@ class LeaderRunner final : public StepRunner {
   }
   std::string name() const override {
     return fmt::format("tensor parallel over {} MPI ranks (world ranks {}..{}): rank 0 on {}",
-                       g_.size(), g_.world_rank(), g_.world_rank() + g_.size() - 1, own_->name());
+                       g_.size(), g_.first_world_rank(), g_.first_world_rank() + g_.size() - 1,
+                       own_->name());
   }
   const Config& config() const override { return own_->config(); }
   int max_context() const override { return own_->max_context(); }
@@ -80,7 +81,7 @@ class LeaderRunner final : public StepRunner {
 
 }  // namespace
 
-MpiGroup::MpiGroup(const MpiSession& mpi, int size) : size_(size), world_rank_(mpi.rank()) {
+MpiGroup::MpiGroup(const MpiSession& mpi, int size) : size_(size), first_world_rank_(mpi.rank()) {
   PARITY_CHECK(size >= 1, "tensor parallel: a group of {} MPI ranks", size);
   if (mpi.size() % size != 0)
     fail("--tensor-parallel {}: the MPI world's {} ranks are not whole groups of {}", size,
@@ -94,7 +95,7 @@ MpiGroup::MpiGroup(const MpiSession& mpi, int size) : size_(size), world_rank_(m
   MPI_Comm_split(MPI_COMM_WORLD, mpi.rank() / size, mpi.rank(), comm);
   comm_ = comm;
   MPI_Comm_rank(*comm, &rank_);
-  world_rank_ = mpi.rank() - rank_;  // the leader's world rank
+  first_world_rank_ = mpi.rank() - rank_;  // the leader's world rank
 }
 
 MpiGroup::~MpiGroup() {

@@ -31,7 +31,7 @@ class MpiGroup {
   int size() const { return size_; }
   int rank() const { return rank_; }  // in the group; 0 is the leader
   bool leader() const { return rank_ == 0; }
-  int world_rank() const { return world_rank_; }
+  int first_world_rank() const { return first_world_rank_; }  // the leader's, in the world
   // Collective over the group: the leader's bytes, on every rank.
   std::string broadcast(const std::string& bytes) const;
   // Collective over the group: whether every rank gave the same value.
@@ -40,7 +40,7 @@ class MpiGroup {
   int64_t min(int64_t value) const;
 
  private:
-  int size_ = 1, rank_ = 0, world_rank_ = 0;
+  int size_ = 1, rank_ = 0, first_world_rank_ = 0;
   void* comm_ = nullptr;  // MPI_Comm (mpi.h stays out of this header)
 };
 

@@ -415,7 +415,7 @@ void attach_group_runner(const RunFlags& f, Workers& w, const MpiGroup& g, int l
   if (!g.same(model_identity(*w.model)))
     fail(
         "tensor parallel: the ranks of the MPI group of world ranks {}..{} loaded different models",
-        g.world_rank(), g.world_rank() + degree - 1);
+        g.first_world_rank(), g.first_world_rank() + degree - 1);
   device::NcclId id{};
   if (!group_step(g, [&] {
         if (g.leader()) id = device::nccl_unique_id();
@@ -437,7 +437,7 @@ void attach_group_runner(const RunFlags& f, Workers& w, const MpiGroup& g, int l
         o.tensor_parallel.degree = degree;
         o.tensor_parallel.rank = g.rank();
         o.tensor_parallel.comm = w.comm.get();
-        if (g.world_rank() == 0 && g.leader())
+        if (g.first_world_rank() == 0 && g.leader())
           o.log = [](const std::string& text) { std::cerr << text << std::flush; };
         runner = make_device_runner(*w.model, o, f.kernel_times);
       }))
