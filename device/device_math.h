@@ -228,4 +228,10 @@ inline int ceil_div(int64_t a, int64_t b) {
   return int((a + b - 1) / b);
 }
 
+// Whether a pointer takes 16-byte (float4, uint4) loads and stores; null passes (an absent
+// optional buffer).
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 }  // namespace parity::device

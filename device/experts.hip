@@ -879,10 +879,6 @@ __global__ void __launch_bounds__(kThreads) f32_dense_moe_gemv_w(const MoeArgs a
   write_outputs(a, e, row_slot, j0, unit, kSwiGLU, acc0, acc1);
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 // The checks every launcher of the expert linear makes, and its arguments.
 MoeArgs moe_args(const ExpertWeights& w, const int32_t* idx, int batch, int k, const float* x,
                  int x_row_stride, int x_slot_stride, float* y, float* act, float alpha,

@@ -639,10 +639,6 @@ void launch_mma(const MmaArgs& a, const uint4* split, bool wide, hipStream_t str
   HIP_LAUNCH_CHECK("f32_bf16w_mma", stream);
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 template <typename W, int RB>
 void launch_rb(const GemvArgs<W>& a, bool vec, int grid_x, hipStream_t stream) {
   const dim3 grid(unsigned(grid_x), unsigned(ceil_div(a.batch, RB)));

@@ -86,9 +86,6 @@ __global__ void __launch_bounds__(kNormThreads)
     yr[i] = xr[i] * inv * to_f32(weight[i]);
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
 bool one_pass(const float* x, const void* weight, int n, const float* y) {
   return n % 8 == 0 && n <= 8 * kNormThreads * kNormChunksPerThread && aligned16(x) &&
          aligned16(weight) && aligned16(y);

@@ -175,6 +175,9 @@ void launch_f32_peer_rank_sum_residual(const PeerReduceView& peers, const float*
                         " without its places");
   PARITY_DEVICE_REQUIRE((residual == nullptr) == (resid_out == nullptr),
                         "launch_f32_peer_rank_sum_residual: residual and its output go together");
+  PARITY_DEVICE_REQUIRE(
+      aligned16(data) && aligned16(sum) && aligned16(residual) && aligned16(resid_out),
+      "launch_f32_peer_rank_sum_residual: buffers not 16-byte aligned");
   f32_peer_rank_sum_residual<<<kPeerBlocks, kPeerThreads, 0, stream>>>(peers, data, n, residual,
                                                                        sum, resid_out);
   HIP_LAUNCH_CHECK("f32_peer_rank_sum_residual", stream);
@@ -183,7 +186,7 @@ void launch_f32_peer_rank_sum_residual(const PeerReduceView& peers, const float*
 void launch_f32_peer_vocab_join(const PeerReduceView& peers, const float* shard, int64_t part,
                                 int rows, int vocab, float* logits, hipStream_t stream) {
   PARITY_DEVICE_REQUIRE(shard != nullptr && logits != nullptr && rows > 0 && part > 0 &&
-                            part % 4 == 0 && part <= peers.capacity,
+                            part % 4 == 0 && part <= peers.capacity && aligned16(shard),
                         "launch_f32_peer_vocab_join: a part of ", part,
                         " floats (a multiple of 4, at most ", peers.capacity, ")");
   PARITY_DEVICE_REQUIRE(peers.ranks >= 2 && peers.ranks <= kPeerMaxRanks && peers.rank >= 0 &&
