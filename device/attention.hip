@@ -701,6 +701,265 @@ __global__ void __launch_bounds__(kTiledThreads)
     }
   }
 }
+// ---------------------------------------------------- bf16: the three on the tensor cores ---
+// The bf16 precision's attention (attention_mma_fuses): scores, softmax and output of a query
+// tile (or a row) in one kernel, with the scores' and the output's products on BF16 MMA tiles
+// (mma_bf16_16x8x16, float32 accumulation) and the softmax online, flash-style. grid (tiles, nKV),
+// kMmaThreads threads; the tile's (row, head) pairs p = rr g + hh go sixteen to a group of 32
+// lanes (the MMA tile's rows). Keys and values go through shared memory kMmaKeys at a time,
+// rounded once to BF16 (nearest even), values transposed; the next tile's loads are in flight
+// while the groups compute the current one.
+//
+// Per pair, over the key tiles from the block's first in order:
+//   s_j   = (bf16(q) . bf16(k_j)) * scale on the MMA tile (a chain over the head's dimensions),
+//           -inf where j is not visible to the pair (before its window, past its position)
+//   m'    = max(m, max_j s_j); alpha = exp(m - m') (1 while no key has been visible)
+//   p_j   = exp(s_j - m');  l = l alpha + sum_j p_j (the group's fixed tree)
+//   o     = o alpha + sum_j bf16(p_j) bf16(v_j) on the MMA tile
+// starting from the sink (m = sink, l = 1, o = 0), and out = o / l. A tile with no key visible
+// to a pair leaves its (m, l, o) as they are, bit for bit (alpha = 1, p = 0), and a pair's MMA
+// rows do not depend on the other rows of the tile: a row's output has the same bits in any
+// tile, alone (decode) or in a prefill chunk, so the engine's batches do not change it.
+// With `scores` (a traced step), the kernel also writes each pair's scores as
+// launch_f32_attention_scores lays them out (the softmax stage then computes att from them).
+constexpr int kMmaKeys = 64;   // keys per shared-memory tile
+constexpr int kMmaGroups = 4;  // groups of 32 lanes, 16 pairs each
+constexpr int kMmaThreads = 32 * kMmaGroups;
+constexpr int kMmaBlocksPerSm = 2;  // the register budget's (3 spills 200 bytes)
+constexpr int kMmaMaxGroup = kMmaGroups * 16 / kQueryTileRows;  // g: a tile's pairs fit
+// exp(x) as exp2(x log2 e): the probabilities are rounded to BF16 for the output's products,
+// 2^-8 relative, far above the few float32 ulps this costs (the softmax stage's att, traced,
+// is the softmax kernel's expf).
+constexpr float kLog2e = 1.44269504088896341f;
+
+template <int kD>
+struct MmaTileSmem {
+  static constexpr int kLdk = kD + 8, kLdv = kMmaKeys + 8;  // BF16 elements; no bank conflict
+  uint16_t k[2][kMmaKeys * kLdk];                           // [key][dimension]
+  uint16_t vt[2][kD * kLdv];                                // [dimension][key]
+};
+
+// One (row, head) pair of an MMA tile row.
+struct MmaPair {
+  bool valid = false;
+  int r = 0, h = 0, pos = -1, first = 0;
+  int64_t scores = 0;  // element offset of its scores row
+};
+
+template <int kD>
+__global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm)
+    bf16_attention_mma(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
+                       const int32_t* __restrict__ tile_first, const float* __restrict__ q,
+                       const float* __restrict__ sinks, float* __restrict__ scores,
+                       float* __restrict__ out, uint32_t* __restrict__ out_split) {
+  static_assert(kD % 16 == 0 && kD <= 128);
+  using Smem = MmaTileSmem<kD>;
+  constexpr int kQuads = kD / 4, kKSteps = kD / 16, kDimTiles = kD / 8, kKeyTiles = kMmaKeys / 8;
+  constexpr int kKLoads = (kMmaKeys * kQuads + kMmaThreads - 1) / kMmaThreads;
+  constexpr int kVLoads = (kMmaKeys / 2 * kQuads + kMmaThreads - 1) / kMmaThreads;
+  __shared__ __align__(16) Smem sm;
+  wait_for_previous_grid();  // launched to overlap the end of the kernel before (q_rope)
+  allow_next_grid_start();   // o_proj may load its weights meanwhile
+  const int tile = int(blockIdx.x), kvh = int(blockIdx.y), g = a.n_heads / a.n_kv;
+  const int r0 = tile_first != nullptr ? tile_first[tile] : tile;
+  const int n_rows = tile_first != nullptr ? tile_first[tile + 1] - r0 : 1;
+  const int t = int(threadIdx.x), group = t / 32, lane = t % 32, gi = lane / 4, ti = lane % 4;
+  const int kvd = a.n_kv * kD;
+  const int32_t* table = row_table(kv, a, rows[r0]);
+  // The block's keys: from the first any of its rows sees to the last position.
+  int lo = INT_MAX, hi = 0;
+  for (int rr = 0; rr < n_rows; ++rr) {
+    const int p = rows[r0 + rr].pos;
+    lo = min(lo, first_visible_key(p, a.window));
+    hi = max(hi, p);
+  }
+  const int j_begin = lo / kMmaKeys * kMmaKeys;
+  // This lane's two pairs: MMA rows gi and gi + 8 of its group.
+  MmaPair pr[2];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int p = 16 * group + gi + 8 * u;
+    if (p < n_rows * g) {
+      const StepRow& row = rows[r0 + p / g];
+      pr[u] = {true,
+               r0 + p / g,
+               kvh * g + p % g,
+               row.pos,
+               first_visible_key(row.pos, a.window),
+               row.scores_offset};
+    }
+  }
+  const bool active = 16 * group < n_rows * g;  // the group has a pair
+  // A traced step: the keys before the block's first tile are masked for every pair, and the
+  // sink column is the sink.
+  if (scores != nullptr)
+    for (int p = t; p < n_rows * g; p += kMmaThreads) {
+      const StepRow& row = rows[r0 + p / g];
+      const int h = kvh * g + p % g;
+      float* s_row = scores + row.scores_offset + int64_t(h) * (row.pos + 2);
+      for (int j = 0; j < j_begin; ++j) s_row[j] = -INFINITY;
+      s_row[row.pos + 1] = sinks[h];
+    }
+  // q as the MMA tile's A operand, rounded once to BF16.
+  uint32_t qa[kKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const MmaPair& pp = pr[e % 2];
+      const int dim = 16 * ks + 2 * ti + 8 * (e / 2);
+      float2 x = make_float2(0.0f, 0.0f);
+      if (pp.valid)
+        x = *reinterpret_cast<const float2*>(q + (int64_t(pp.r) * a.n_heads + pp.h) * kD + dim);
+      qa[ks][e] = bf16x2_pack_rn(x.x, x.y);
+    }
+  // The next tile's keys and values in registers: key (i / kQuads) quad (i % kQuads), and value
+  // key pairs (i / kQuads) quad (i % kQuads). Keys outside [lo, hi] are zero (never a released
+  // block's, nor a not yet written one's).
+  float4 kr[kKLoads], vr[kVLoads][2];
+  const auto fetch = [&](int j0) {
+    const auto row_of = [&](int which, int j, int c) {
+      if (j < lo || j > hi) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      return *reinterpret_cast<const float4*>(
+          kv.blocks + kv_row_offset(kv, table, a.kv_slot, which, j, kvd) + kvh * kD + 4 * c);
+    };
+#pragma unroll
+    for (int u = 0; u < kKLoads; ++u) {
+      const int i = t + u * kMmaThreads;
+      if (i < kMmaKeys * kQuads) kr[u] = row_of(0, j0 + i / kQuads, i % kQuads);
+    }
+#pragma unroll
+    for (int u = 0; u < kVLoads; ++u) {
+      const int i = t + u * kMmaThreads;
+      if (i < kMmaKeys / 2 * kQuads) {
+        vr[u][0] = row_of(1, j0 + 2 * (i / kQuads), i % kQuads);
+        vr[u][1] = row_of(1, j0 + 2 * (i / kQuads) + 1, i % kQuads);
+      }
+    }
+  };
+  const auto store = [&](int buf) {
+#pragma unroll
+    for (int u = 0; u < kKLoads; ++u) {
+      const int i = t + u * kMmaThreads;
+      if (i < kMmaKeys * kQuads)
+        *reinterpret_cast<uint2*>(&sm.k[buf][(i / kQuads) * Smem::kLdk + 4 * (i % kQuads)]) =
+            make_uint2(bf16x2_pack_rn(kr[u].x, kr[u].y), bf16x2_pack_rn(kr[u].z, kr[u].w));
+    }
+#pragma unroll
+    for (int u = 0; u < kVLoads; ++u) {
+      const int i = t + u * kMmaThreads;
+      if (i < kMmaKeys / 2 * kQuads) {
+        const int jj = 2 * (i / kQuads), c = i % kQuads;
+        const float4 v0 = vr[u][0], v1 = vr[u][1];
+        uint32_t* at = reinterpret_cast<uint32_t*>(&sm.vt[buf][(4 * c) * Smem::kLdv + jj]);
+        at[0 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.x, v1.x);
+        at[1 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.y, v1.y);
+        at[2 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.z, v1.z);
+        at[3 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.w, v1.w);
+      }
+    }
+  };
+  // The running state of each pair, from the sink.
+  float m[2], l[2] = {1.0f, 1.0f}, o[kDimTiles][4] = {};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) m[u] = pr[u].valid ? sinks[pr[u].h] : 0.0f;
+  fetch(j_begin);
+  store(0);
+  __syncthreads();
+  int buf = 0;
+  for (int j0 = j_begin; j0 <= hi; j0 += kMmaKeys, buf ^= 1) {
+    const bool next = j0 + kMmaKeys <= hi;
+    if (next) fetch(j0 + kMmaKeys);
+    if (active) {
+      float s[kKeyTiles][4] = {};
+      const uint16_t* ks_ = sm.k[buf];
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          const uint16_t* kp = ks_ + (8 * nt + gi) * Smem::kLdk + 16 * ks + 2 * ti;
+          const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(kp),
+                                 *reinterpret_cast<const uint32_t*>(kp + 8)};
+          mma_bf16_16x8x16(s[nt], qa[ks], b);
+        }
+      float tmax[2] = {-INFINITY, -INFINITY};
+      // Whether every key of the tile is visible to both pairs: no mask to evaluate.
+      const bool whole = pr[0].valid && pr[1].valid && j0 >= pr[0].first && j0 >= pr[1].first &&
+                         j0 + kMmaKeys - 1 <= pr[0].pos && j0 + kMmaKeys - 1 <= pr[1].pos;
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const MmaPair& pp = pr[e / 2];
+          const int j = j0 + 8 * nt + 2 * ti + e % 2;
+          const bool visible = whole || (pp.valid && j >= pp.first && j <= pp.pos);
+          const float v = visible ? s[nt][e] * a.scale : -INFINITY;
+          s[nt][e] = v;
+          tmax[e / 2] = fmaxf(tmax[e / 2], v);
+          if (scores != nullptr && pp.valid && j <= pp.pos)
+            scores[pp.scores + int64_t(pp.h) * (pp.pos + 2) + j] = v;
+        }
+      float alpha[2], sum[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        tmax[u] = fmaxf(tmax[u], __shfl_xor(tmax[u], 1, 32));
+        tmax[u] = fmaxf(tmax[u], __shfl_xor(tmax[u], 2, 32));
+        const float mn = fmaxf(m[u], tmax[u]);
+        alpha[u] = exp2f((m[u] - mn) * kLog2e);  // 1 where no key of the tile is visible
+        m[u] = mn;
+        sum[u] = 0.0f;
+      }
+      uint32_t pa[kKeyTiles / 2][4];
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = s[nt][e] == -INFINITY ? 0.0f : exp2f((s[nt][e] - m[e / 2]) * kLog2e);
+          s[nt][e] = p;
+          sum[e / 2] += p;
+        }
+        pa[nt / 2][2 * (nt % 2)] = bf16x2_pack_rn(s[nt][0], s[nt][1]);
+        pa[nt / 2][2 * (nt % 2) + 1] = bf16x2_pack_rn(s[nt][2], s[nt][3]);
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        sum[u] += __shfl_xor(sum[u], 1, 32);
+        sum[u] += __shfl_xor(sum[u], 2, 32);
+        l[u] = l[u] * alpha[u] + sum[u];
+      }
+#pragma unroll
+      for (int dt = 0; dt < kDimTiles; ++dt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e / 2];
+#pragma unroll
+        for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+          const uint16_t* vp = sm.vt[buf] + (8 * dt + gi) * Smem::kLdv + 16 * kk + 2 * ti;
+          const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(vp),
+                                 *reinterpret_cast<const uint32_t*>(vp + 8)};
+          mma_bf16_16x8x16(o[dt], pa[kk], b);
+        }
+      }
+    }
+    if (next) store(buf ^ 1);
+    __syncthreads();
+  }
+  if (!active) return;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const MmaPair& pp = pr[u];
+    if (!pp.valid) continue;
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      const float x = o[dt][2 * u] / l[u], y = o[dt][2 * u + 1] / l[u];
+      const int64_t f = (int64_t(pp.r) * a.n_heads + pp.h) * kD + 8 * dt + 2 * ti;
+      *reinterpret_cast<float2*>(out + f) = make_float2(x, y);
+      if (out_split != nullptr) {
+        split_bf16x3_write1(x, out_split, f);
+        split_bf16x3_write1(y, out_split, f + 1);
+      }
+    }
+  }
+}
 
 void check_shape(const AttentionShape& a, const char* launcher) {
   PARITY_DEVICE_REQUIRE(a.n_heads > 0 && a.n_kv > 0 && a.n_heads % a.n_kv == 0, launcher,
@@ -826,6 +1085,53 @@ void launch_f32_attention_decode(const AttentionShape& a, const KvCacheView& kv,
   else
     launch.template operator()<64>();
   HIP_LAUNCH_CHECK("f32_attention_decode", stream);
+}
+
+bool attention_mma_fuses(const AttentionShape& a, Precision precision) {
+  const int g = a.n_kv > 0 ? a.n_heads / a.n_kv : 0;
+  return precision == Precision::bf16 &&
+         (a.head_dim == 16 || a.head_dim == 32 || a.head_dim == 64) && g >= 1 && g <= kMmaMaxGroup;
+}
+
+void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
+                               int batch, int max_pos, const float* q, const float* sinks,
+                               float* scores, float* out, std::span<uint32_t> out_split,
+                               hipStream_t stream, const QueryTiles& tiles) {
+  check_shape(a, "launch_bf16_attention_mma");
+  check_kv(a, kv, "launch_bf16_attention_mma");
+  PARITY_DEVICE_REQUIRE(
+      rows != nullptr && q != nullptr && sinks != nullptr && out != nullptr && batch > 0,
+      "launch_bf16_attention_mma: null pointer or empty batch");
+  PARITY_DEVICE_REQUIRE(max_pos >= 0 && max_pos < a.max_context,
+                        "launch_bf16_attention_mma: position ", max_pos, " outside the cache of ",
+                        a.max_context);
+  PARITY_DEVICE_REQUIRE(
+      attention_mma_fuses(a, Precision::bf16) &&
+          (reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(out)) % 8 == 0,
+      "launch_bf16_attention_mma: ", a.n_heads / a.n_kv, " heads per KV head of dimension ",
+      a.head_dim, " (at most ", kMmaMaxGroup, " heads of 16, 32 or 64; q and out 8-byte aligned)");
+  if (!out_split.empty())
+    PARITY_DEVICE_REQUIRE(
+        attention_out_writes_split(a) &&
+            out_split.size() >= split_bf16x3_words(int64_t(batch) * a.n_heads * a.head_dim),
+        "launch_bf16_attention_mma: the output's split needs nH d (", a.n_heads, " x ", a.head_dim,
+        ") a multiple of 32 and ", split_bf16x3_words(int64_t(batch) * a.n_heads * a.head_dim),
+        " words; the scratch holds ", out_split.size());
+  const bool tiled = tiles.first != nullptr && tiles.count > 0;
+  const dim3 grid(unsigned(tiled ? tiles.count : batch), unsigned(a.n_kv));
+  const auto launch = [&]<int kD>() {
+    uint32_t* const split = out_split.empty() ? nullptr : out_split.data();
+    HIP_CHECK(launch_programmatic(&bf16_attention_mma<kD>, grid, dim3(kMmaThreads), 0, stream, a,
+                                  kv, rows, tiled ? tiles.first : nullptr, q, sinks, scores, out,
+                                  split));
+  };
+  if (a.head_dim == 16)
+    launch.template operator()<16>();
+  else if (a.head_dim == 32)
+    launch.template operator()<32>();
+  else
+    launch.template operator()<64>();
+  HIP_LAUNCH_CHECK("bf16_attention_mma", stream);
 }
 
 void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,

@@ -19,7 +19,8 @@ constexpr Stage kMoeOut[] = {Stage::moe_out};
 //            k_rope and v never recompute: an overwritten qkv reruns q_rope itself), and appends
 //            k_rope and v to the KV cache (the scores stage's append);
 //   scores   launch_f32_attention_decode at decode-sized steps: scores, att and attn_out (and
-//            o_proj's split of attn_out);
+//            o_proj's split of attn_out); launch_bf16_attention_mma at every step of the bf16
+//            precision: attn_out and its split (and, traced, the scores att is computed from);
 //   o_proj   launch_f32_gemv_bias with a residual: o_proj and resid_attn = residual + o_proj;
 //   router   launch_f32_router: router logits, topk_idx and topk_w (topk_w is recomputed from
 //            the router logits when topk_idx was overwritten; an overwritten router recomputes
@@ -30,8 +31,8 @@ constexpr Fusion kFusions[] = {
     {Stage::k_rope, Stage::q_rope, Covers::output, {}},
     {Stage::v, Stage::q_rope, Covers::output, {}},
     {Stage::scores, Stage::q_rope, Covers::kv_append, kKRopeOrV},
-    {Stage::att, Stage::scores, Covers::decode_output, kScores},
-    {Stage::attn_out, Stage::scores, Covers::decode_output, kScoresOrAtt},
+    {Stage::att, Stage::scores, Covers::attention_output, kScores},
+    {Stage::attn_out, Stage::scores, Covers::attention_output, kScoresOrAtt},
     {Stage::resid_attn, Stage::o_proj, Covers::output, kOProj},
     {Stage::topk_idx, Stage::router, Covers::output, kRouter},
     {Stage::topk_w, Stage::router, Covers::output, kTopkIdx},

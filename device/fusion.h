@@ -22,10 +22,12 @@ namespace parity::device {
 
 // What of the covered stage the producer's kernel computes.
 enum class Covers {
-  output,          // the covered stage's whole output: its launch runs nothing
-  decode_output,   // the whole output, at decode-sized steps where the fused decode attention
-                   // applies (attention_decode_fuses in device/kernels.h); otherwise its own kernel
-  kv_append,       // the covered stage's append of this step's rows to the KV cache
+  output,            // the covered stage's whole output: its launch runs nothing
+  attention_output,  // the whole output where a fused attention kernel runs: the decode kernel
+                     // at decode-sized steps (attention_decode_fuses in device/kernels.h), the
+                     // bf16 precision's MMA kernel at every step (attention_mma_fuses; att only
+                     // in a traced step, from the scores it writes there); otherwise its own
+  kv_append,         // the covered stage's append of this step's rows to the KV cache
 };
 
 struct Fusion {

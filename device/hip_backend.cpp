@@ -34,6 +34,11 @@
 namespace parity {
 namespace device {
 
+bool HipBackend::replays(Stage s, int layer) const {
+  return !(s == Stage::attn_out && layer >= 0 && layer < c_.num_hidden_layers &&
+           attention_mma_fuses(rt_.attention_shape(layer), rt_.precision()));
+}
+
 // The text and policy of the runtime's precision (DeviceOptions::precision).
 std::string HipBackend::precision() const {
   const bool bf16 = rt_.precision() == Precision::bf16;
@@ -45,7 +50,9 @@ std::string HipBackend::precision() const {
          "); MXFP4 experts and BF16 "
          "projections on BF16 MMA tiles " +
          (bf16 ? "with each input rounded once to BF16 (nearest even) and float32 "
-                 "accumulation per block of 32"
+                 "accumulation per block of 32; attention on BF16 MMA tiles (q, k, the "
+                 "probabilities and v rounded once to BF16, float32 accumulation, the softmax "
+                 "online in float32)"
                : "with exact products (weights exact in BF16, inputs split into three BF16 "
                  "parts summing exactly) and float32 accumulation per block of 32 and part, "
                  "the parts then added in float32") +
@@ -53,8 +60,8 @@ std::string HipBackend::precision() const {
 }
 // CUDA's and HIP's expf, sinf, cosf and sqrtf (no fast-math) are within 2 ulp; the policy
 // allows twice that. bf16: the products' inputs are BF16 operands (the bf16-operands preset;
-// it declares them for every product stage, the GEMV of F16/F32 weights included, which
-// rounds nothing: a bound, not the exact error).
+// it declares them for every product stage, attention's two included, and the GEMV of F16/F32
+// weights, which rounds nothing: a bound, not the exact error).
 PrecisionPolicy HipBackend::precision_policy() const {
   return rt_.precision() == Precision::bf16 ? PrecisionPolicy::preset("bf16-operands")
                                             : PrecisionPolicy::float32(4);
@@ -77,8 +84,17 @@ void HipBackend::run(Stage s, int layer) {
   // Was an output its covered part came from overwritten since? Then the stage recomputes it.
   const bool stale =
       covered_part_stale(s, [&](Stage w) { return overwritten_.test(size_t(w)); });
+  // The rows written since, over the outputs that make the covered part stale.
+  StaleRows rows{batch_.rows(), 0};
+  if (const Fusion* f = fusion_of(s); stale && f != nullptr)
+    for (Stage w : f->recompute_when)
+      if (overwritten_.test(size_t(w))) {
+        rows.first = std::min(rows.first, written_rows_[size_t(w)].first);
+        rows.end = std::max(rows.end, written_rows_[size_t(w)].end);
+      }
   overwritten_.reset(size_t(s));
-  launch_stage(rt_, s, layer, stale);
+  written_rows_[size_t(s)] = {};
+  launch_stage(rt_, s, layer, stale ? StageCall::recompute : StageCall::traced, rows);
   if (rt_.reduced_floats() == 0)
     reduced_.reset();  // the logits' join took the parts
   else if (s == Stage::o_proj || s == Stage::moe_out)
@@ -88,7 +104,7 @@ void HipBackend::run(Stage s, int layer) {
 bool HipBackend::run_step() {
   if (batch_.rows() == 0) fail("hip backend: run_step() before begin_step");
   rt_.run_step([&] {
-    for (const auto& [layer, s] : sequence_) launch_stage(rt_, s, layer, false);
+    for (const auto& [layer, s] : sequence_) launch_stage(rt_, s, layer, StageCall::untraced);
   });
   for (const auto& [layer, s] : sequence_) {
     ran_.set(size_t(s));
@@ -207,7 +223,10 @@ void HipBackend::write(Stage s, int layer, int row, const StageData& data) {
         hipMemcpyAsync(row_ptr(s, row), v.data(), n * sizeof(float), hipMemcpyHostToDevice, st));
     HIP_CHECK(hipStreamSynchronize(st));
   }
+  if (!overwritten_.test(size_t(s))) written_rows_[size_t(s)] = {row, row + 1};
   overwritten_.set(size_t(s));
+  written_rows_[size_t(s)].first = std::min(written_rows_[size_t(s)].first, row);
+  written_rows_[size_t(s)].end = std::max(written_rows_[size_t(s)].end, row + 1);
   rt_.forget_split();  // the scratch may hold the split of what was just overwritten
 }
 

@@ -94,6 +94,16 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   const uint32_t hi = __float_as_uint(bf16_hi(x) * bf16_hi(y)) & 0xffff0000u;
   return hi | lo;
 }
+// Two floats rounded to BF16, to nearest even, packed (lo in the low half; the NVIDIA branch's
+// one conversion instruction); a NaN stays a quiet NaN.
+__device__ __forceinline__ uint32_t bf16x2_pack_rn(float lo, float hi) {
+  const auto rn = [](float f) {
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  };
+  return rn(lo) | rn(hi) << 16;
+}
 // The device's constant-rate clock (the NVIDIA branch says what it is for): s_memrealtime, at the
 // rate device_wall_clock_hz() reads.
 __device__ __forceinline__ uint64_t device_wall_clock() {
@@ -294,6 +304,12 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   uint32_t r;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(0x80008000u));
+  return r;
+}
+// Two floats rounded to BF16, to nearest even (subnormals kept), packed: lo in the low half.
+__device__ __forceinline__ uint32_t bf16x2_pack_rn(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 // Warpgroup MMA (wgmma, sm_90a only: built when CMAKE_CUDA_ARCHITECTURES names 90a). The four

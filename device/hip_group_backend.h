@@ -58,6 +58,7 @@ class HipGroupBackend final : public Backend {
     on_ranks([&](int r) { ranks_[size_t(r)]->reset(); });
   }
   std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override;
+  bool replays(Stage s, int layer) const override { return ranks_[0]->replays(s, layer); }
 
   int degree() const { return int(ranks_.size()); }
   // fn(rank r's backend: its own rows, in rank_config's shapes) on rank r's thread, its device

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "device/runtime/runtime.h"
+#include "device/stage_launch.h"
 #include "model/backend.h"
 #include "model/forward.h"
 
@@ -35,6 +36,8 @@ class HipBackend final : public Backend {
   void write(Stage s, int layer, int row, const StageData& data) override;
   void reset() override { rt_.clear(); }
   std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override;
+  // attn_out of the bf16 attention comes from q, k and v, not from att (Backend::replays).
+  bool replays(Stage s, int layer) const override;
 
   DeviceRuntime& runtime() { return rt_; }
   // Under tensor parallel: this rank's partial sum of `row` of o_proj or moe_out as it entered
@@ -61,6 +64,7 @@ class HipBackend final : public Backend {
   Batch batch_;
   std::bitset<kNumStages> ran_;          // stages run in this step
   std::bitset<kNumStages> overwritten_;  // written by write() since they last ran
+  std::array<StaleRows, kNumStages> written_rows_{};  // which rows: [first, end)
   std::array<int, kNumStages> ran_layer_{};
   std::optional<std::pair<Stage, int>> reduced_;  // the stage (and layer) last all-reduced
 };

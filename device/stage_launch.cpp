@@ -21,7 +21,8 @@ bool is_epilogue(Stage s) {
 
 // Stage `s`'s kernels over every row of the step, or, for an epilogue stage with `sampled`,
 // over those rows.
-void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const SampledRows* sampled) {
+void launch(DeviceRuntime& rt, Stage s, int layer, StageCall call, StaleRows stale,
+            const SampledRows* sampled) {
   PARITY_CHECK(sampled == nullptr || is_epilogue(s), "launch_sampled_stage({})", name(s));
   const Config& c = rt.config();
   const ActivationArena& arena = rt.arena();
@@ -69,6 +70,7 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
     launch_f32_gemv_bias(std::span<const GemvSegment>(&seg, 1), out(in), l.w.cols, B,
                          out(out_stage), l.w.rows, residual, split_of(in, in_layer), st);
   };
+  const bool recompute = call == StageCall::recompute;
   PARITY_CHECK(B > 0, "launch_stage({}) with no step", name(s));
   PARITY_CHECK(is_model_scope(s) || L != nullptr, "launch_stage({}) without a layer", name(s));
 
@@ -104,12 +106,23 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
       // q_rope's kernel appended k_rope and v; again only when they were overwritten since.
       if (recompute)
         launch_f32_kv_cache_append(a, kv, rows, B, out(Stage::k_rope), out(Stage::v), st);
+      const bool split = attention_out_writes_split(a);
+      const std::span<uint32_t> out_split =
+          split ? arena.split_of(Stage::attn_out) : std::span<uint32_t>{};
+      if (attention_mma_fuses(a, rt.precision())) {
+        // The bf16 precision: attn_out (and o_proj's split of it) at every step, the scores only
+        // where a trace reads them.
+        launch_bf16_attention_mma(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
+                                  call == StageCall::untraced ? nullptr : arena.scores(),
+                                  out(Stage::attn_out), out_split, st,
+                                  rt.step().device_query_tiles());
+        if (split) rt.set_split_source(Stage::attn_out, layer);
+        break;
+      }
       if (attention_decode_fuses(a, B, max_pos, rt.step().device_query_tiles())) {
         // Decode: also the att and attn_out stages (and o_proj's split of attn_out).
-        const bool split = attention_out_writes_split(a);
         launch_f32_attention_decode(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
-                                    arena.scores(), arena.att(), out(Stage::attn_out),
-                                    split ? arena.split_of(Stage::attn_out) : std::span<uint32_t>{},
+                                    arena.scores(), arena.att(), out(Stage::attn_out), out_split,
                                     st);
         if (split) rt.set_split_source(Stage::attn_out, layer);
         break;
@@ -118,17 +131,36 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
                                   arena.scores(), st, rt.step().device_query_tiles());
       break;
     }
-    case Stage::att:  // the scores stage's kernel wrote it at decode, unless scores was overwritten
-      if (recompute || !attention_decode_fuses(rt.attention_shape(layer), B, max_pos,
-                                               rt.step().device_query_tiles()))
+    case Stage::att: {  // written by the scores stage's kernel where it fuses, unless overwritten
+      const AttentionShape a = rt.attention_shape(layer);
+      const bool mma = attention_mma_fuses(a, rt.precision());
+      if (mma && call == StageCall::untraced) break;  // nothing reads it
+      if (recompute || mma ||
+          !attention_decode_fuses(a, B, max_pos, rt.step().device_query_tiles()))
         launch_f32_softmax_with_sink(c.num_attention_heads, rows, B, arena.scores(), arena.att(),
                                      st);
       break;
+    }
     case Stage::attn_out: {  // also o_proj's split of its output
       const AttentionShape a = rt.attention_shape(layer);
-      if (!recompute && attention_decode_fuses(a, B, max_pos, rt.step().device_query_tiles()))
+      const bool mma = attention_mma_fuses(a, rt.precision());
+      if (!recompute &&
+          (mma || attention_decode_fuses(a, B, max_pos, rt.step().device_query_tiles())))
         break;  // written by the scores stage's kernel
       const bool split = attention_out_writes_split(a);
+      if (mma) {  // the written rows alone: the others keep the MMA kernel's output
+        const int first = std::max(stale.first, 0), end = std::min(stale.end, B);
+        if (first >= end) break;
+        const int64_t row_floats = int64_t(a.n_heads) * a.head_dim;
+        std::span<uint32_t> out_split;
+        if (split)
+          out_split =
+              arena.split_of(s).subspan(size_t(first * row_floats / 32 * kSplitWordsPerBlock),
+                                        split_bf16x3_words((end - first) * row_floats));
+        launch_f32_attention_pv(a, rt.kv_view(), rows + first, end - first, max_pos, arena.att(),
+                                arena.workspace(), out(s) + first * row_floats, out_split, st);
+        break;
+      }
       launch_f32_attention_pv(a, rt.kv_view(), rows, B, max_pos, arena.att(), arena.workspace(),
                               out(s), split ? arena.split_of(s) : std::span<uint32_t>{}, st,
                               rt.step().device_query_tiles());
@@ -250,12 +282,12 @@ void launch(DeviceRuntime& rt, Stage s, int layer, bool recompute, const Sampled
 
 }  // namespace
 
-void launch_stage(DeviceRuntime& rt, Stage s, int layer, bool recompute) {
-  launch(rt, s, layer, recompute, nullptr);
+void launch_stage(DeviceRuntime& rt, Stage s, int layer, StageCall call, StaleRows stale) {
+  launch(rt, s, layer, call, stale, nullptr);
 }
 
 void launch_sampled_stage(DeviceRuntime& rt, Stage s, const SampledRows& rows) {
-  launch(rt, s, kModelLayer, false, &rows);
+  launch(rt, s, kModelLayer, StageCall::untraced, {}, &rows);
 }
 
 }  // namespace parity::device

@@ -108,13 +108,15 @@ std::vector<TokenId> DeviceRunner::step(const Batch& batch, std::span<const RowS
   // The embedding and the layers: one captured graph per step shape (the runtime's step graphs),
   // or, with kernel times on, stage by stage between the timing events.
   if (timed_) {
-    timed("embedding", [&] { launch_stage(rt_, Stage::embedding, kModelLayer, false); });
+    timed("embedding",
+          [&] { launch_stage(rt_, Stage::embedding, kModelLayer, StageCall::untraced); });
     for (const auto& [layer, s] : layer_stages_)
-      timed(std::string(parity::name(s)), [&] { launch_stage(rt_, s, layer, false); });
+      timed(std::string(parity::name(s)),
+            [&] { launch_stage(rt_, s, layer, StageCall::untraced); });
   } else {
     rt_.run_step([&] {
-      launch_stage(rt_, Stage::embedding, kModelLayer, false);
-      for (const auto& [layer, s] : layer_stages_) launch_stage(rt_, s, layer, false);
+      launch_stage(rt_, Stage::embedding, kModelLayer, StageCall::untraced);
+      for (const auto& [layer, s] : layer_stages_) launch_stage(rt_, s, layer, StageCall::untraced);
     });
   }
   const int n = int(samples.size());

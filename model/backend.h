@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -125,6 +126,23 @@ class Backend {
   // rank's partial sum of one row in rank order, read right after the stage ran. Empty for other
   // stages and other backends.
   virtual std::vector<StageData> partials(Stage, int /*layer*/, int /*row*/) { return {}; }
+  // Whether a replay of stage s (its inputs written: model/lockstep.h) re-runs the arithmetic
+  // that made its output: false where a fused kernel computes s from earlier stages' inputs, not
+  // from its own (the `hip` backend's bf16 attention computes attn_out from q, k and v in one
+  // kernel, never from att). Replaying s would then judge another kernel; the lockstep has the
+  // reference recompute the candidate's own rows of s from the candidate's own inputs instead
+  // (Series::recompute), and s is judged by that local error.
+  virtual bool replays(Stage, int /*layer*/) const { return true; }
+  // The output row of stage s at `position`, and its magnitude row, as this backend computes
+  // them from another backend's values: `inputs` the rows of the stage's inputs that are stage
+  // outputs (info(s).inputs' order), `cache` that backend's KV rows of the layer for positions
+  // 0..position. nullopt where the backend does not recompute s (the reference recomputes
+  // attn_out).
+  virtual std::optional<std::pair<StageData, StageData>> recompute_row(
+      Stage, int /*layer*/, int /*position*/, const std::vector<StageData>& /*inputs*/,
+      const KvRows& /*cache*/) {
+    return std::nullopt;
+  }
   // Drops every sequence's KV cache.
   virtual void reset() = 0;
 };

@@ -103,6 +103,8 @@ class Step {
         cand_.write(s, layer, r, row);
       }
     }
+    if (o_.replay && ref_obs_ != nullptr && !cand_.replays(s, layer))
+      recompute_own(layer, s, order);
     if (cand_obs_ != nullptr) {
       Stopwatch t(res_.tracing_seconds);
       for (int r = 0; r < rows_; ++r) {
@@ -118,6 +120,38 @@ class Step {
           cand_obs_->record(rk, cand_.read(s, layer, rows_ + r));
         }
       }
+    }
+  }
+
+  // A stage the candidate computes from other inputs than its own (Backend::replays), in a run
+  // with replay: the reference recomputes each traced row from the candidate's own inputs (its
+  // free rows, and its KV cache of the layer), recorded as the reference trace's recompute rows,
+  // by which the differ judges the stage's local error where replay cannot. (Without replay the
+  // run is judged by its accumulated error, as before.)
+  void recompute_own(int layer, Stage s, int order) {
+    Stopwatch t(res_.tracing_seconds);
+    for (int r = 0; r < rows_; ++r) {
+      const int pos = positions_[size_t(r)];
+      if (!traced_[size_t(r)] || !ref_obs_->wants(pos, layer, s)) continue;
+      std::vector<StageData> inputs;
+      for (const StageInput& in : info(s).inputs) {
+        if (in.kind != InputKind::stage) continue;
+        const auto src = resolve_input(in, layer, c_.num_hidden_layers);
+        if (src) inputs.push_back(cand_.read(src->stage, src->layer, r));
+      }
+      const std::optional<KvRows> cache = cand_.cache_rows(0, layer, 0, pos + 1);
+      if (!cache)
+        fail("{}: stage {} of layer {} cannot be replayed, and its KV cache cannot be read",
+             cand_.name(), name(s), layer);
+      auto row = ref_.recompute_row(s, layer, pos, inputs, *cache);
+      if (!row)
+        fail("{}: stage {} of layer {} cannot be replayed, and {} does not recompute it",
+             cand_.name(), name(s), layer, ref_.name());
+      const StageKey key{pos, layer, s, order, Series::recompute};
+      ref_obs_->record(key, row->first);
+      StageKey mk = key;
+      mk.series = Series::recompute_magnitude;
+      ref_obs_->record(mk, row->second);
     }
   }
 

@@ -7,7 +7,10 @@
 // in model/stages.h) are overwritten with the reference's values, so the stage's output there
 // is its local result: what this stage alone does to exact inputs. At positions that are not
 // traced only the KV-cache rows are forced (k_rope and v, the inputs scores appends), so the
-// replay rows of traced positions attend over the reference's keys and values.
+// replay rows of traced positions attend over the reference's keys and values. A stage the
+// candidate cannot replay (Backend::replays: a fused kernel that does not read the stage's own
+// inputs) is recomputed instead: the reference computes the candidate's traced free rows of it
+// from the candidate's own inputs (Backend::recompute_row), as its recompute series.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -46,7 +49,8 @@ void check_lockstep(const LockstepOptions& options, const Backend& reference,
                     const Backend& candidate);
 
 // Runs the prompt (and the generation) on both backends from empty caches. The reference's
-// rows go to `reference_observer` (series output and magnitude), the candidate's to
+// rows go to `reference_observer` (series output and magnitude, and recompute with its magnitude
+// for the stages the candidate cannot replay, when options.replay), the candidate's to
 // `candidate_observer` (series output, and replay when options.replay). Positions the options do
 // not trace skip the model-scope head (final_norm, logits, sampled): nothing reads it there.
 LockstepResult run_lockstep(Backend& reference, Backend& candidate, Observer* reference_observer,

@@ -96,13 +96,15 @@ PrecisionPolicy vllm_like() {
   return p;
 }
 
-// Float32 activations whose products round their input once to BF16 for the tensor cores (the
-// projections, the experts and lm_head; weights exact in BF16 or MXFP4), float32 accumulation:
-// the `hip` backend's bf16 precision (device/kernel_types.h), and any port that keeps float32
-// activations but feeds BF16 operands to its GEMMs.
+// Float32 activations whose products round their inputs once to BF16 for the tensor cores (the
+// projections, the experts and lm_head, weights exact in BF16 or MXFP4; attention's q.k and its
+// probabilities times v, both operands rounded), float32 accumulation: the `hip` backend's bf16
+// precision (device/kernel_types.h), and any port that keeps float32 activations but feeds BF16
+// operands to its GEMMs and its flash attention.
 PrecisionPolicy bf16_operands() {
   PrecisionPolicy p = named("bf16-operands", format(kUnitFloat32, kUnitFloat32, kUnitFloat32, 4, 0x1p-126));
-  for (Stage s : {Stage::qkv, Stage::o_proj, Stage::mlp1, Stage::mlp2, Stage::logits})
+  for (Stage s : {Stage::qkv, Stage::scores, Stage::attn_out, Stage::o_proj, Stage::mlp1,
+                  Stage::mlp2, Stage::logits})
     own(p, s).operand = kUnitBfloat16;
   return p;
 }

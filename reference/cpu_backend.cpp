@@ -389,6 +389,43 @@ class CpuBackend final : public Backend {
     return r;
   }
 
+  // attn_out from another backend's att row and value rows: the same sum as run()'s, in T, and
+  // its magnitude in float64, over the keys the layer lets the row see (its window's: a key
+  // outside it has no probability in a right att row, and the attention kernels never read it,
+  // so mass an upstream bug put there is that bug's, not attn_out's).
+  std::optional<std::pair<StageData, StageData>> recompute_row(Stage s, int layer, int position,
+                                                               const std::vector<StageData>& inputs,
+                                                               const KvRows& cache) override {
+    const int nH = c_.num_attention_heads, nKV = c_.num_key_value_heads, d = c_.head_dim;
+    if (s != Stage::attn_out) return std::nullopt;
+    const size_t cols = size_t(position) + 2;
+    if (layer < 0 || layer >= c_.num_hidden_layers || position < 0 || inputs.size() != 1 ||
+        inputs[0].size() != size_t(nH) * cols || cache.count != position + 1 ||
+        cache.v.size() != size_t(cache.count) * size_t(c_.kv_dim()))
+      fail(
+          "{}: recompute of attn_out at layer {}, position {}: {} input rows, att of {} values "
+          "(a row is {}), {} cached positions",
+          name(), layer, position, inputs.size(), inputs.empty() ? 0 : inputs[0].size(),
+          size_t(nH) * cols, cache.count);
+    const int first = window(layer) > 0 ? std::max(0, position - window(layer) + 1) : 0;
+    std::vector<double> pd(inputs[0].size());
+    for (size_t i = 0; i < pd.size(); ++i) pd[i] = int(i % cols) < first ? 0.0 : inputs[0].at(i);
+    std::vector<T> probs(pd.begin(), pd.end()), v(cache.v.begin(), cache.v.end());
+    std::vector<T> out(size_t(nH) * size_t(d));
+    ref::attention_output(probs.data(), v.data(), nH, nKV, d, position, out.data());
+    StageData o, m;
+    o.dims = m.dims = stage_dims(c_, s, position);
+    o.type = data_type<T>();
+    if constexpr (std::is_same_v<T, double>)
+      o.f64 = std::move(out);
+    else
+      o.f32 = std::move(out);
+    m.type = StageData::Type::F64;
+    m.f64.resize(size_t(nH) * size_t(d));
+    ref::attention_output_magnitude(pd.data(), cache.v.data(), nH, nKV, d, position, m.f64.data());
+    return std::pair{std::move(o), std::move(m)};
+  }
+
   void load_cache(int seq, int layer, const KvRows& rows) override {
     const size_t kv = size_t(c_.kv_dim()), n = size_t(rows.count) * kv;
     if (layer < 0 || layer >= c_.num_hidden_layers || rows.count < 0 || rows.k.size() != n ||

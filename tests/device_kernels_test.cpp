@@ -85,6 +85,7 @@ struct Tol {
   std::vector<double> atol;  // per element (or one value for all)
   double rtol = 0;
   double max_nmse = 1e-10;
+  double min_cosine = 1 - 1e-9;
   double at(size_t i) const { return atol.size() == 1 ? atol[0] : atol[i]; }
 };
 
@@ -119,8 +120,9 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
                      << got[first_bad] << ", want " << want[first_bad] << " (atol "
                      << tol.at(first_bad) << ", rtol " << tol.rtol << ")";
   EXPECT_LE(nmse, tol.max_nmse) << what << ": NMSE " << nmse;
-  EXPECT_GE(cosine, 1 - 1e-9) << what << ": cosine " << cosine << " (largest share of tolerance "
-                              << worst_ratio << " at " << worst << ")";
+  EXPECT_GE(cosine, tol.min_cosine)
+      << what << ": cosine " << cosine << " (largest share of tolerance " << worst_ratio << " at "
+      << worst << ")";
 }
 
 // Rounding bound of a float dot product evaluated as a chain of `chain` roundings:
@@ -872,11 +874,21 @@ class AttentionCase {
     fused_ = on;
     return *this;
   }
+  // Whether the bf16 precision's kernel computes them (launch_bf16_attention_mma): BF16 operands
+  // for both products, so the reference's tolerances grow by their rounding. `traced`: it writes
+  // the scores too and the softmax kernel computes att from them; otherwise only the output is
+  // written (and compared).
+  AttentionCase& mma(bool on, bool traced = true) {
+    mma_ = on;
+    traced_ = traced;
+    return *this;
+  }
   std::string describe() const {
     return fmt::format(
         "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={} tiled={} "
-        "fused={}",
-        heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_, fused_);
+        "fused={} mma={} traced={}",
+        heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_, fused_, mma_,
+        traced_);
   }
   struct Result {
     std::vector<float> scores, probs, out;
@@ -970,7 +982,12 @@ class AttentionCase {
     launch_f32_kv_cache_append(a, kv, dr, B, dk.as<float>(), dv.as<float>(), nullptr);
     const bool split = split_ && attention_out_writes_split(a);
     const SplitScratch out_split(split ? int64_t(B) * heads_ * d_ : 0);
-    if (fused_) {
+    if (mma_) {
+      launch_bf16_attention_mma(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
+                                traced_ ? scores.ptr() : nullptr, out.ptr(), out_split.span(),
+                                nullptr, tiles);
+      if (traced_) launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
+    } else if (fused_) {
       launch_f32_attention_decode(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
                                   scores.ptr(), probs.ptr(), out.ptr(), out_split.span(), nullptr);
     } else {
@@ -1015,7 +1032,9 @@ class AttentionCase {
           if (j >= first && j <= p)
             for (int i = 0; i < d_; ++i)
               abs_dot += std::fabs(qd[size_t(h) * d_ + i] * kd[(size_t(j) * kv_ + h / g) * d_ + i]);
-          s_atol.push_back(dot_atol(d_ + 1, abs_dot * a.scale));
+          // The MMA kernel's q and k are rounded once to BF16: 2^-8 each, relative.
+          s_atol.push_back(dot_atol(d_ + 1, abs_dot * a.scale) +
+                           (mma_ ? 0x1p-7 * abs_dot * a.scale : 0.0));
           row_max = std::max(row_max, s_atol.back());
         }
         for (int j = 0; j < cols; ++j) {
@@ -1027,21 +1046,28 @@ class AttentionCase {
           double abs_sum = 0;
           for (int j = first; j <= p; ++j)
             abs_sum += std::fabs(pr[size_t(h) * cols + j] * vd[(size_t(j) * kv_ + h / g) * d_ + i]);
-          o_atol.push_back(dot_atol(std::min(p + 1, 256) + 64, abs_sum) +
-                           (4 * row_max + 128 * kU) * abs_sum);
+          // The MMA kernel's probabilities and v are rounded once to BF16, and its online
+          // softmax rescales each key tile's partial sums (one rounding a tile).
+          o_atol.push_back(
+              dot_atol(std::min(p + 1, 256) + 64 + (mma_ ? (p + 1) / 32 + 4 : 0), abs_sum) +
+              (4 * row_max + 128 * kU + (mma_ ? 0x1p-7 : 0.0)) * abs_sum);
         }
       }
     }
     Result got{scores.fetch(), probs.fetch(), out.fetch()};
-    expect_close(got.scores, want_s, {s_atol, 2 * kU, 1e-10}, "scores");
-    expect_close(got.probs, want_p, {p_atol, 64 * kU, 1e-10}, "att");
-    expect_close(got.out, want_o, {o_atol, 64 * kU, 1e-10}, "attn_out");
+    // The MMA kernel's BF16 operands: NMSE of order (2^-8)^2, cosine 1 - NMSE / 2.
+    const double nmse = mma_ ? 1e-4 : 1e-10, cosine = mma_ ? 1 - 1e-4 : 1 - 1e-9;
+    if (!mma_ || traced_) {
+      expect_close(got.scores, want_s, {s_atol, 2 * kU, nmse, cosine}, "scores");
+      expect_close(got.probs, want_p, {p_atol, 64 * kU, nmse, cosine}, "att");
+    }
+    expect_close(got.out, want_o, {o_atol, 64 * kU, nmse, cosine}, "attn_out");
     return got;
   }
 
  private:
   int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
-  bool split_ = true, tiled_ = false, fused_ = false;
+  bool split_ = true, tiled_ = false, fused_ = false, mma_ = false, traced_ = false;
 };
 
 // A case's shape as the tests list them, and its AttentionCase.
@@ -1182,6 +1208,68 @@ TEST_F(DeviceKernels, AttentionQueryTilesGiveTheOneRowBits) {
     const auto got = tiled.run();
     SCOPED_TRACE(tiled.describe());
     expect_same_bits(got, want);
+  }
+}
+
+TEST_F(DeviceKernels, AttentionMmaAgainstTheReference) {
+  // The bf16 precision's kernel against the float64 reference within its BF16 operands'
+  // tolerances, traced (scores written, att from them) and not: position 0, the window's edges,
+  // a prefill chunk across the window, group sizes 1, 2 and 8, head sizes 16, 32 and 64, several
+  // sequences, long contexts (66 key tiles), keys of blocks that slid out of the window or were
+  // never written (NaN in the pool: reading one would show).
+  for (const AttentionCaseShape& s :
+       std::initializer_list<AttentionCaseShape>{{4, 2, 16, 0, 0, 1, 1},
+                                                 {4, 2, 16, 8, 0, 1, 1},
+                                                 {4, 2, 16, 8, 7, 1, 3},
+                                                 {4, 2, 16, 8, 9, 1, 2},
+                                                 {4, 2, 16, 8, 0, 20, 1},
+                                                 {4, 4, 16, 0, 12, 3, 1},
+                                                 {8, 2, 32, 0, 250, 11, 1},
+                                                 {8, 1, 64, 128, 690, 13, 1},
+                                                 {64, 8, 64, 128, 300, 17, 1},
+                                                 {64, 8, 64, 0, 300, 17, 1},
+                                                 {64, 8, 64, 128, 300, 1, 20},
+                                                 {4, 2, 16, 0, 4200, 2, 1}}) {
+    for (const bool tiled : {false, true}) {
+      auto c = attention_case(s);
+      c.mma(true).tiled(tiled).run();
+    }
+  }
+  AttentionShape a;
+  a.n_heads = 64;
+  a.n_kv = 8;
+  a.head_dim = 64;
+  EXPECT_TRUE(attention_mma_fuses(a, Precision::bf16));
+  EXPECT_FALSE(attention_mma_fuses(a, Precision::fp32));
+  a.head_dim = 48;
+  EXPECT_FALSE(attention_mma_fuses(a, Precision::bf16));
+  a.head_dim = 64;
+  a.n_kv = 4;  // 16 heads per KV head: a tile's pairs exceed the block's MMA rows
+  EXPECT_FALSE(attention_mma_fuses(a, Precision::bf16));
+}
+
+TEST_F(DeviceKernels, AttentionMmaRowBitsDoNotDependOnTheTiles) {
+  // The batch invariance of the bf16 precision's attention: a row's output (and, traced, its
+  // scores) has the same bits alone as in a prefill chunk's query tiles, traced or not, with the
+  // rows of a tile on both sides of a key tile's edge, across the window, at long positions.
+  for (const AttentionCaseShape& s :
+       std::initializer_list<AttentionCaseShape>{{4, 2, 16, 8, 0, 20, 1},
+                                                 {8, 2, 32, 0, 250, 11, 1},
+                                                 {8, 1, 64, 128, 690, 13, 1},
+                                                 {64, 8, 64, 128, 300, 17, 1},
+                                                 {64, 8, 64, 0, 1020, 9, 2},
+                                                 {4, 2, 16, 8, 10, 9, 2}}) {
+    const auto one = attention_case(s);
+    auto alone = one;
+    const auto want = alone.mma(true).run();
+    auto tiled = one;
+    const auto got = tiled.mma(true).tiled(true).run();
+    SCOPED_TRACE(tiled.describe());
+    expect_same_bits(got, want);
+    auto untraced = one;
+    const auto bare = untraced.mma(true, false).tiled(true).run();
+    EXPECT_EQ(std::memcmp(bare.out.data(), want.out.data(), want.out.size() * 4), 0)
+        << "the untraced kernel's output differs from the traced one's";
   }
 }
 

@@ -1045,7 +1045,8 @@ std::vector<float> runtime_step(DeviceRuntime& rt, const Batch& b, StepGraphs::L
   rt.begin_step(b);
   const Config& c = rt.config();
   *how = rt.run_step([&] {
-    for (const auto& [layer, s] : stage_sequence(c)) launch_stage(rt, s, layer, false);
+    for (const auto& [layer, s] : stage_sequence(c))
+      launch_stage(rt, s, layer, StageCall::untraced);
   });
   std::vector<float> logits(size_t(b.rows()) * size_t(c.vocab_size));
   HIP_CHECK(hipStreamSynchronize(rt.stream()));

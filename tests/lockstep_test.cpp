@@ -221,6 +221,63 @@ class ReadOnly : public Backend {
   std::unique_ptr<Backend> inner_;
 };
 
+// A candidate that declares attn_out not replayable (its kernel does not read att).
+class AttnOutNotReplayed : public Backend {
+ public:
+  explicit AttnOutNotReplayed(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::string precision() const override { return inner_->precision(); }
+  PrecisionPolicy precision_policy() const override { return inner_->precision_policy(); }
+  const Config& config() const override { return inner_->config(); }
+  void begin_step(const Batch& b) override { inner_->begin_step(b); }
+  void run(Stage s, int l) override { inner_->run(s, l); }
+  StageData read(Stage s, int l, int r) override { return inner_->read(s, l, r); }
+  void write(Stage s, int l, int r, const StageData& d) override { inner_->write(s, l, r, d); }
+  bool replays(Stage s, int) const override { return s != Stage::attn_out; }
+  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
+    return inner_->cache_rows(seq, layer, first, count);
+  }
+  void reset() override { inner_->reset(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST_F(Lockstep, AStageTheCandidateCannotReplayIsRecomputedFromItsOwnRows) {
+  // The reference's recompute rows of attn_out are its sum over the candidate's own att row and
+  // the candidate's own value rows of the cache (float64), with their magnitude rows; every
+  // other stage has none.
+  auto ref = make_reference_backend(*m);
+  AttnOutNotReplayed cand(make_cpu_f32_backend(*m));
+  LockstepOptions o;
+  o.prompt = prompt(12, c.vocab_size);  // past the window of 8
+  for (int p : {0, 7, 11}) o.traced.insert(p);
+  o.step_rows = 5;
+  Rows r_obs, c_obs;
+  run_lockstep(*ref, cand, &r_obs, &c_obs, o);
+  const int nH = c.num_attention_heads, nKV = c.num_key_value_heads, d = c.head_dim;
+  for (int L : {1, 2})  // a full and a sliding layer
+    for (int pos : {0, 7, 11}) {
+      SCOPED_TRACE(fmt::format("layer {}, position {}", L, pos));
+      const StageData& att = c_obs.at(Series::output, pos, L, Stage::att);
+      const std::optional<KvRows> cache = cand.cache_rows(0, L, 0, pos + 1);
+      ASSERT_TRUE(cache.has_value());
+      std::vector<double> p(att.size()), want(size_t(nH) * d), want_m(want.size());
+      for (size_t i = 0; i < p.size(); ++i) p[i] = att.at(i);
+      ref::attention_output(p.data(), cache->v.data(), nH, nKV, d, pos, want.data());
+      ref::attention_output_magnitude(p.data(), cache->v.data(), nH, nKV, d, pos, want_m.data());
+      const StageData& got = r_obs.at(Series::recompute, pos, L, Stage::attn_out);
+      const StageData& got_m = r_obs.at(Series::recompute_magnitude, pos, L, Stage::attn_out);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got.at(i), want[i]) << i;
+        EXPECT_EQ(got_m.at(i), want_m[i]) << i;
+      }
+      EXPECT_FALSE(r_obs.has(Series::recompute, pos, L, Stage::scores));
+      EXPECT_FALSE(r_obs.has(Series::recompute, pos, L, Stage::o_proj));
+    }
+}
+
 TEST_F(Lockstep, BadOptionsAreRefusedBeforeAnythingRuns) {
   auto ref = make_reference_backend(*m);
   auto cand = make_cpu_f32_backend(*m);

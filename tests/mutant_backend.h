@@ -110,6 +110,10 @@ class MutantBackend final : public Backend {
     inner_->write(s, layer, row, data);
   }
   bool writable(Stage s) const override { return inner_->writable(s); }
+  bool replays(Stage s, int layer) const override { return inner_->replays(s, layer); }
+  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
+    return inner_->cache_rows(seq, layer, first, count);
+  }
   std::optional<StageData> magnitude(Stage s, int layer, int row) override {
     return inner_->magnitude(s, layer, row);
   }

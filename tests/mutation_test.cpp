@@ -346,5 +346,81 @@ INSTANTIATE_TEST_SUITE_P(
       return candidate_name(std::get<0>(i.param)) + "_" + control_name(std::get<1>(i.param));
     });
 
+// A candidate whose kernel for attn_out does not read att (as the hip backend's bf16 attention
+// computes it from q, k and v): its replay rows, recomputed from the reference's att by another
+// kernel, say nothing of it. Here the free rows' attn_out at layer 1 carries a bug (scaled by
+// 1 + 2^-10) that its replay rows do not: declared not replayable, the reference recomputes its
+// own rows from its own att and KV cache and the verdict blames attn_out there; declared
+// replayable, replay alone passes it (the hole the declaration closes); without the bug the
+// recompute passes.
+class FreeRowsAttnOutBug final : public Backend {
+ public:
+  FreeRowsAttnOutBug(std::unique_ptr<Backend> inner, bool replays, bool bug)
+      : inner_(std::move(inner)), replays_(replays), bug_(bug) {}
+  std::string name() const override { return inner_->name(); }
+  std::string precision() const override { return inner_->precision(); }
+  PrecisionPolicy precision_policy() const override { return inner_->precision_policy(); }
+  const Config& config() const override { return inner_->config(); }
+  void begin_step(const Batch& b) override {
+    inner_->begin_step(b);
+    seqs_ = b.seqs;
+  }
+  void run(Stage s, int layer) override {
+    inner_->run(s, layer);
+    if (!bug_ || s != Stage::attn_out || layer != 1) return;
+    for (size_t r = 0; r < seqs_.size(); ++r) {
+      if (seqs_[r] != 0) continue;  // the replay rows stay right
+      StageData d = inner_->read(s, layer, int(r));
+      for (float& x : d.f32) x *= 1 + 0x1p-10f;
+      inner_->write(s, layer, int(r), d);
+    }
+  }
+  StageData read(Stage s, int layer, int row) override { return inner_->read(s, layer, row); }
+  void write(Stage s, int layer, int row, const StageData& d) override {
+    inner_->write(s, layer, row, d);
+  }
+  bool replays(Stage s, int layer) const override {
+    return (replays_ || s != Stage::attn_out) && inner_->replays(s, layer);
+  }
+  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
+    return inner_->cache_rows(seq, layer, first, count);
+  }
+  void reset() override { inner_->reset(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  bool replays_, bug_;
+  std::vector<int32_t> seqs_;
+};
+
+TEST(FusedStages, AStageReplayCannotReachIsJudgedByTheReferencesRecomputeOfItsOwnRows) {
+  const SingleThreaded one_thread;
+  const Model& model = tiny_model(SynthMagnitudes::unit);
+  {
+    FreeRowsAttnOutBug c(make_candidate("cpu-f32", model), false, true);
+    const DiffResult r = trace_and_diff(model, c, temp_dir("fused-recompute"));
+    std::cout << "[not replayable, bug] " << verdict_line(r) << "\n";
+    ASSERT_TRUE(r.diverged()) << "the free rows' bug went unnoticed";
+    EXPECT_EQ(name(r.first_divergence->stage), "attn_out");
+    EXPECT_EQ(r.first_divergence->layer, 1);
+    EXPECT_EQ(r.first_divergence->judged, Judge::local);
+    for (const DatasetDiff& d : r.datasets)
+      EXPECT_TRUE(!d.failed() || (d.key.stage == Stage::attn_out && d.key.layer == 1))
+          << d.path << " fails by its local error";
+  }
+  {
+    FreeRowsAttnOutBug c(make_candidate("cpu-f32", model), true, true);
+    const DiffResult r = trace_and_diff(model, c, temp_dir("fused-replay"));
+    std::cout << "[replayable, bug] " << verdict_line(r) << "\n";
+    EXPECT_FALSE(r.diverged()) << "replay saw the free rows: " << verdict_line(r);
+  }
+  {
+    FreeRowsAttnOutBug c(make_candidate("cpu-f32", model), false, false);
+    const DiffResult r = trace_and_diff(model, c, temp_dir("fused-clean"));
+    std::cout << "[not replayable, no bug] " << verdict_line(r) << "\n";
+    EXPECT_FALSE(r.diverged()) << verdict_line(r);
+  }
+}
+
 }  // namespace
 }  // namespace parity::test

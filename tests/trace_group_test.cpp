@@ -87,6 +87,10 @@ class RankBugBackend final : public Backend {
   void write(Stage s, int layer, int row, const StageData& d) override {
     g_.write(s, layer, row, d);
   }
+  bool replays(Stage s, int layer) const override { return g_.replays(s, layer); }
+  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
+    return g_.cache_rows(seq, layer, first, count);
+  }
   std::vector<StageData> partials(Stage s, int layer, int row) override {
     return g_.partials(s, layer, row);
   }

@@ -39,10 +39,13 @@ double abs_at(const StageData& d, size_t i) { return std::fabs(d.at(i)); }
 size_t elements(const StageData& d) { return d.size(); }
 
 // A sum of n terms whose absolute values add to `mag`, `rounded` of its operands read from
-// storage: S(n) u_a mag for the sum, rounded u_in mag for the operands' rounding, and
-// (u_a + u_s) |y| for one last operation (a bias added, a scale) and the storing of y.
+// storage: S(n) u_a mag for the sum, (1 + u_in)^rounded - 1 (to second order) mag for the
+// operands' rounding (a product of two rounded operands errs by up to 2 u_in + u_in^2: with
+// BF16 operands on both sides the square is 2^-16, more than the float32 roundings of a
+// one-term sum), and (u_a + u_s) |y| for one last operation (a bias, a scale) and the store.
 double sum_bound(const Units& u, double n, double mag, double y, int rounded) {
-  return (u.sum(n) * u.ua + rounded * u.in) * mag + (u.ua + u.us) * std::fabs(y);
+  const double operands = rounded * u.in + rounded * (rounded - 1) / 2 * u.in * u.in;
+  return (u.sum(n) * u.ua + operands) * mag + (u.ua + u.us) * std::fabs(y);
 }
 
 const StageData& magnitude_of(BoundSource& src, Stage s, int layer) {

@@ -611,7 +611,9 @@ class DatasetJudge {
     const std::string replay_path = trace_dataset_path(k.position, k.layer, k.stage, Series::replay);
     const std::string recompute_path =
         trace_dataset_path(k.position, k.layer, k.stage, Series::recompute);
-    const bool recomputed = r_.local_source == LocalSource::recompute && b_.has(recompute_path);
+    // Recomputed rows judge the local error under recompute, and, under replay, the stages the
+    // candidate could not replay (Backend::replays: the reference recomputed those instead).
+    const bool recomputed = r_.local_source != LocalSource::none && b_.has(recompute_path);
     if (r_.local_source == LocalSource::recompute && !recomputed && d.judged == Judge::local) {
       d.judged = Judge::accumulated;
       const auto lacking = coverage_->missing(k.position, k.layer, k.stage);
@@ -621,7 +623,8 @@ class DatasetJudge {
     }
     const bool has_out = a_.has(d.path),
                has_replay = r_.local_source == LocalSource::replay && a_.has(replay_path);
-    if (!has_out || (d.judged == Judge::local && r_.local_source == LocalSource::replay && !has_replay)) {
+    if (!has_out || (d.judged == Judge::local && r_.local_source == LocalSource::replay &&
+                     !has_replay && !recomputed)) {
       d.status = DatasetStatus::MissingInA;
       d.missing_path = has_out ? replay_path : d.path;
       return;
@@ -661,7 +664,7 @@ class DatasetJudge {
       return;
     }
     d.status = judged->failed ? DatasetStatus::Fail : DatasetStatus::Pass;
-    attribute_rank(d, has_replay ? replay_path : d.path);
+    attribute_rank(d, has_replay && !recomputed ? replay_path : d.path);
   }
 
  private:

@@ -28,9 +28,10 @@ Presets (`Capture(..., precision=NAME)`):
     vllm-like                bfloat16 activations, W4A16 experts, float32 accumulation; the
                              RMSNorm rounds the normalized value to bfloat16 before the weight,
                              RoPE computes in bfloat16 on bfloat16 cos/sin (vLLM's kernels)
-    bf16-operands            float32 activations and accumulation; the projections, the experts
-                             and lm_head round their input once to bfloat16 as the tensor cores'
-                             operand (the device engine's bf16 precision)
+    bf16-operands            float32 activations and accumulation; the projections, the experts,
+                             lm_head and attention's two products (q.k, and the probabilities
+                             times v) round their inputs once to bfloat16 as the tensor cores'
+                             operands (the device engine's bf16 precision)
     transformers-f64/-f32/-bf16/-f16
                              Hugging Face transformers' GptOss in eager mode in that dtype: every
                              intermediate tensor rounded to the dtype, RMSNorm and the router's
@@ -86,7 +87,8 @@ PRESETS = {
         {n: {"intermediate_unit_roundoff": BF16} for n in _NORMS},
         q_rope={"intermediate_unit_roundoff": BF16}, k_rope={"intermediate_unit_roundoff": BF16})),
     "bf16-operands": dict(_base(F32, F32, F32, 4.0, 2.0 ** -126), stages={
-        n: {"operand_unit_roundoff": BF16} for n in ("qkv", "o_proj", "mlp1", "mlp2", "logits")}),
+        n: {"operand_unit_roundoff": BF16}
+        for n in ("qkv", "scores", "attn_out", "o_proj", "mlp1", "mlp2", "logits")}),
     "transformers-f64": _transformers(F64, 2.0 ** -1022),
     "transformers-f32": _transformers(F32, 2.0 ** -126),
     "transformers-bf16": _transformers(BF16, 2.0 ** -126),
