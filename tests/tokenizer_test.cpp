@@ -353,6 +353,14 @@ TEST(TokenizerFiles, BadContentsNameTheFileAndTheFault) {
   with([](json& j) { j["model"]["vocab"]["q"] = -1; }, "id -1 is out of range");
   with([](json& j) { j["model"]["vocab"]["q"] = 1 << 30; }, "id 1073741824 is out of range");
   with([](json& j) { j["model"]["vocab"]["q"] = 2.5; }, "the id must be an integer");
+  // Ids far past the tokens' count would make a few bytes allocate a dense table of millions.
+  with([](json& j) { j["model"]["vocab"]["q"] = (1 << 24) - 1; },
+       "model.vocab reaches id 16777215 with");
+  with(
+      [](json& j) {
+        j["added_tokens"].push_back({{"id", 1 << 23}, {"content", "<x>"}});
+      },
+      "added_tokens reaches id 8388608 with");
   with([](json& j) { j["model"]["vocab"]["a b"] = 400; }, "not a byte-level string");
   with([](json& j) { j["model"]["vocab"].erase(byte_level_string("\n")); },
        "model.vocab has no token for the byte 0x0a");

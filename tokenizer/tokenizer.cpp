@@ -156,6 +156,19 @@ struct Trie {
 constexpr size_t kMaxCachedPieces = size_t(1) << 16;
 constexpr size_t kMaxCachedPieceBytes = 256;
 
+// The id tables are dense (an entry per id up to the largest): a tokenizer's ids are, and a
+// file that gave a few tokens ids in the millions would make a few bytes of JSON allocate
+// hundreds of MB. The largest id may be at most twice the tokens plus this many.
+constexpr int64_t kIdSlack = 4096;
+void check_dense(const std::string& source, const char* what, TokenId max_id, size_t tokens) {
+  const int64_t limit = 2 * int64_t(tokens) + kIdSlack;
+  if (int64_t(max_id) >= limit)
+    fail(
+        "{}: {} reaches id {} with {} tokens: a tokenizer's ids are dense (below 2 n + {} for "
+        "n tokens)",
+        source, what, max_id, tokens, kIdSlack);
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -245,6 +258,7 @@ void Tokenizer::Impl::load_vocab(const json& model) {
     entries.emplace_back(id, std::move(*bytes));
     max_id = std::max(max_id, id);
   }
+  check_dense(source, "model.vocab", max_id, entries.size());
   bytes_of.assign(size_t(max_id) + 1, std::string());
   kind.assign(size_t(max_id) + 1, Kind::none);
   for (auto& [id, bytes] : entries) {
@@ -281,6 +295,7 @@ void Tokenizer::Impl::load_added(const json& j) {
   }
   TokenId max_id = TokenId(bytes_of.size()) - 1;
   for (const auto& [id, content, special] : list) max_id = std::max(max_id, id);
+  check_dense(source, "added_tokens", max_id, tokens + list.size());
   bytes_of.resize(size_t(max_id) + 1);
   kind.resize(size_t(max_id) + 1, Kind::none);
 
