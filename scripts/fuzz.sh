@@ -59,8 +59,10 @@ export OMP_WAIT_POLICY=passive
 # cache, a registry, HDF5 state that is never released): fail when rss ends more than this much
 # above where it stood once the seed corpus had run. libFuzzer's rss is the peak, so one input
 # that briefly needs much memory counts too: tokenizer_fuzz once stepped from 195 to 369 MB at a
-# single 28 KB input (2026-11-28) and stayed there; 512 MB leaves room for such a peak and still
-# catches a leak of 20 KB an input over a 10-second run (about 25,000 inputs).
+# single 28 KB input (2026-11-28) and stayed there (a tokenizer.json whose ids reached millions
+# could do that through its dense id tables; such files are refused since); 512 MB leaves room
+# for such a peak and still catches a leak of 20 KB an input over a 10-second run (about 25,000
+# inputs).
 rss_growth_limit_mb=512
 
 logs="$build/logs"
