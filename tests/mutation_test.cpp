@@ -404,9 +404,12 @@ TEST(FusedStages, AStageReplayCannotReachIsJudgedByTheReferencesRecomputeOfItsOw
     EXPECT_EQ(name(r.first_divergence->stage), "attn_out");
     EXPECT_EQ(r.first_divergence->layer, 1);
     EXPECT_EQ(r.first_divergence->judged, Judge::local);
-    for (const DatasetDiff& d : r.datasets)
+    for (const DatasetDiff& d : r.datasets) {
       EXPECT_TRUE(!d.failed() || (d.key.stage == Stage::attn_out && d.key.layer == 1))
           << d.path << " fails by its local error";
+      // attn_out by the reference's recompute, every other stage by replay.
+      EXPECT_EQ(d.recomputed, d.key.stage == Stage::attn_out) << d.path;
+    }
   }
   {
     FreeRowsAttnOutBug c(make_candidate("cpu-f32", model), true, true);

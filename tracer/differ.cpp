@@ -640,6 +640,7 @@ class DatasetJudge {
     d.dims_a = rows.a.dims;
     if (has_replay) rows.local_a = a_.read(replay_path);
     if (recomputed) {
+      d.recomputed = true;
       rows.local_a = rows.a;
       rows.local_b = b_.read(recompute_path);
     }

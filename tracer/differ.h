@@ -158,6 +158,10 @@ struct DatasetDiff {
   // Judged by the accumulated error against DiffResult::fallback (a capture's dataset without a
   // local error, under derived bounds).
   bool fallback_tolerance = false;
+  // Its local error is A's output minus B's recompute of it from A's own inputs: under
+  // LocalSource::recompute, and in a replay trace for a stage A could not replay
+  // (Backend::replays).
+  bool recomputed = false;
   // Expert stages (mlp1, swiglu, mlp2): the reference's expert id per row (slot of topk_idx);
   // empty when the reference has no topk_idx for this position and layer.
   std::vector<int32_t> slot_experts;

@@ -150,8 +150,19 @@ std::string judged_text(const DiffResult& r) {
            "reference's inputs (no replay), so error inherited from earlier stages counts as each "
            "stage's own; the first divergence is where the port's output first leaves the "
            "criterion: a bug there, or drift grown past it (look at the stages before it)";
-  if (r.judged == Judge::local)
-    return "judged by local error: each candidate stage re-run on the reference's inputs (replay)";
+  if (r.judged == Judge::local) {
+    std::string s =
+        "judged by local error: each candidate stage re-run on the reference's inputs (replay)";
+    const size_t n = size_t(std::count_if(r.datasets.begin(), r.datasets.end(),
+                                          [](const DatasetDiff& d) { return d.recomputed; }));
+    if (n > 0)
+      s += fmt::format(
+          "; {} dataset(s) of stages A's kernels compute from other inputs than "
+          "their own (replay cannot re-run them) by A's output against the "
+          "reference's recompute of it from A's own inputs",
+          n);
+    return s;
+  }
   if (!r.a_has_replay)
     return "judged by accumulated error: A has no replay datasets, so drift inherited from "
            "earlier stages counts as this stage's error (trace with replay for a verdict by "
@@ -210,7 +221,7 @@ void text_dataset(std::string& out, const DiffResult& r, const DatasetDiff& d, s
   }
   const SideDiff& side = *d.judged_side();
   const ValueComparison& v = side.values;
-  const bool recompute = d.judged == Judge::local && r.local_source == LocalSource::recompute;
+  const bool recompute = d.judged == Judge::local && d.recomputed;
   out += fmt::format("{} error (A = {}):\n", judge_name(d.judged),
                      recompute                       ? "A's output; B = the stage recomputed from A's inputs"
                      : d.judged == Judge::local ? "the stage replayed on B's inputs"
@@ -734,9 +745,10 @@ json report_json(const DiffResult& r) {
                         {"status", status_name(d.status)},
                         {"missing", d.missing_path.empty() ? json(nullptr) : json(d.missing_path)},
                         {"judged", judge_name(d.judged)},
-                        {"local_unavailable", d.local_unavailable.empty() ? json(nullptr)
-                                                                          : json(d.local_unavailable)},
+                        {"local_unavailable",
+                         d.local_unavailable.empty() ? json(nullptr) : json(d.local_unavailable)},
                         {"fallback_tolerance", d.fallback_tolerance},
+                        {"recomputed", d.recomputed},
                         {"dims_a", d.dims_a},
                         {"dims_b", d.dims_b},
                         {"experts", experts},
