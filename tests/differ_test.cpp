@@ -535,6 +535,43 @@ TEST(DerivedBounds, AGroupsMoeOutIsHeldToTheProductsItsRanksSummed) {
   EXPECT_LT(two[0], 2e-5);           // and no more than the parts' own roundings
 }
 
+// attn_out of one key under BF16 operands on both sides (the bf16 attention, judged by the
+// reference's recompute of its own inputs): p and v each rounded up by a whole unit roundoff
+// make the output err by (1 + u)^2 - 1 = 2u + u^2 of it, u = 2^-8; the bound holds that, the
+// square included (2^-16, more than every float32 rounding of the one-term sum).
+class MagnitudeBoundSource final : public BoundSource {
+ public:
+  std::map<Stage, StageData> rows, magnitudes;
+  const StageData& output(Stage s, int) override { return rows.at(s); }
+  const StageData* magnitude(Stage s, int) override {
+    const auto it = magnitudes.find(s);
+    return it == magnitudes.end() ? nullptr : &it->second;
+  }
+};
+
+TEST(DerivedBounds, AProductOfTwoBf16OperandsIsHeldToBothRoundingsAndTheirSquare) {
+  const Config c = diff_config();
+  const size_t nH = size_t(c.num_attention_heads), d = size_t(c.head_dim);
+  MagnitudeBoundSource src;
+  const double p = 0.75, v = 1.5, y = p * v;  // position 0: one key, then the sink's column
+  std::vector<double> att;
+  for (size_t h = 0; h < nH; ++h) att.insert(att.end(), {p, 1 - p});
+  src.rows[Stage::att] = f64(att, {nH, 2});
+  src.rows[Stage::attn_out] = f64(std::vector<double>(nH * d, y));
+  src.magnitudes[Stage::attn_out] = f64(std::vector<double>(nH * d, y));
+  BoundOptions o;
+  o.own_inputs = true;
+  const std::vector<double> b =
+      derive_bound(c, Stage::attn_out, 0, 0, src, PrecisionPolicy::preset("bf16-operands"), o);
+  ASSERT_EQ(b.size(), nH * d);
+  const double u = 0x1p-8, worst = (p * (1 + u)) * (v * (1 + u)) - y;
+  for (double x : b) EXPECT_GE(x, worst);
+  // The float32 path's own inputs are exact: only its sum's and its store's roundings.
+  const std::vector<double> f32_bound =
+      derive_bound(c, Stage::attn_out, 0, 0, src, PrecisionPolicy::float32(4), o);
+  EXPECT_LT(f32_bound[0], 1e-6 * y);
+}
+
 TEST_F(DiffTraces, AGroupsAttributesOrPartialsThatAreNotAGroupsAreRefusedNamingTheFile) {
   const std::vector<double> v = {0.1, -0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
   const StageKey key{0, 1, Stage::o_proj, execution_order(c, 1, Stage::o_proj)};
