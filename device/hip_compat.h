@@ -55,6 +55,9 @@ inline double device_wall_clock_hz(int) {
 inline bool warpgroup_mma_available() {
   return false;
 }
+// No instruction that rounds two floats to packed BF16 here: bf16x2_pack_rn
+// (device/split_inputs.h) rounds each in integer arithmetic.
+#define PARITY_DEVICE_CVT_BF16X2 0
 
 #if defined(__HIP_DEVICE_COMPILE__) || defined(__HIPCC__)
 // The tile product of the MXFP4 expert kernels in NVIDIA's mma.m16n8k16 fragment layout (see the
@@ -93,16 +96,6 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   const uint32_t lo = __float_as_uint(bf16_lo(x) * bf16_lo(y)) >> 16;
   const uint32_t hi = __float_as_uint(bf16_hi(x) * bf16_hi(y)) & 0xffff0000u;
   return hi | lo;
-}
-// Two floats rounded to BF16, to nearest even, packed (lo in the low half; the NVIDIA branch's
-// one conversion instruction); a NaN stays a quiet NaN.
-__device__ __forceinline__ uint32_t bf16x2_pack_rn(float lo, float hi) {
-  const auto rn = [](float f) {
-    const uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  };
-  return rn(lo) | rn(hi) << 16;
 }
 // The device's constant-rate clock (the NVIDIA branch says what it is for): s_memrealtime, at the
 // rate device_wall_clock_hz() reads.
@@ -306,8 +299,10 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t y) {
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(0x80008000u));
   return r;
 }
-// Two floats rounded to BF16, to nearest even (subnormals kept), packed: lo in the low half.
-__device__ __forceinline__ uint32_t bf16x2_pack_rn(float lo, float hi) {
+// Two floats rounded to BF16, to nearest even (subnormals kept), packed: lo in the low half; one
+// instruction (bf16x2_pack_rn in device/split_inputs.h takes it where this is defined).
+#define PARITY_DEVICE_CVT_BF16X2 1
+__device__ __forceinline__ uint32_t cvt_bf16x2_rn(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;

@@ -19,6 +19,15 @@ __device__ __forceinline__ uint32_t f32_to_bf16_bits(float f) {
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) {
   return __uint_as_float(b << 16);
 }
+// Two floats rounded to BF16 as f32_to_bf16_bits rounds them, packed: lo in the low half (one
+// conversion instruction where the device has one, device/hip_compat.h).
+__device__ __forceinline__ uint32_t bf16x2_pack_rn(float lo, float hi) {
+#if PARITY_DEVICE_CVT_BF16X2
+  return cvt_bf16x2_rn(lo, hi);
+#else
+  return f32_to_bf16_bits(lo) | f32_to_bf16_bits(hi) << 16;
+#endif
+}
 
 // The three BF16 parts of v: hi = bf16(v), mid = bf16(v - hi), lo = bf16(v - hi - mid).
 __device__ __forceinline__ void split_bf16x3_parts(float v, uint32_t (&part)[3]) {
