@@ -1,5 +1,6 @@
 #include "model/lockstep.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "model/error.h"
@@ -130,20 +131,36 @@ class Step {
   // run is judged by its accumulated error, as before.)
   void recompute_own(int layer, Stage s, int order) {
     Stopwatch t(res_.tracing_seconds);
-    for (int r = 0; r < rows_; ++r) {
+    std::vector<int> rows;
+    for (int r = 0; r < rows_; ++r)
+      if (traced_[size_t(r)] && ref_obs_->wants(positions_[size_t(r)], layer, s)) rows.push_back(r);
+    if (rows.empty()) return;
+    // The layer's cache once, up to the step's last traced position; each row takes its prefix.
+    int last = 0;
+    for (int r : rows) last = std::max(last, positions_[size_t(r)]);
+    const std::optional<KvRows> cache = cand_.cache_rows(0, layer, 0, last + 1);
+    if (!cache)
+      fail("{}: stage {} of layer {} cannot be replayed, and its KV cache cannot be read",
+           cand_.name(), name(s), layer);
+    const size_t row_floats = size_t(c_.kv_dim());
+    if (cache->count != last + 1 || cache->k.size() != size_t(last + 1) * row_floats ||
+        cache->v.size() != cache->k.size())
+      fail("{}: the KV cache rows of layer {} it handed over are not {} rows of {} values",
+           cand_.name(), layer, last + 1, row_floats);
+    for (int r : rows) {
       const int pos = positions_[size_t(r)];
-      if (!traced_[size_t(r)] || !ref_obs_->wants(pos, layer, s)) continue;
       std::vector<StageData> inputs;
       for (const StageInput& in : info(s).inputs) {
         if (in.kind != InputKind::stage) continue;
         const auto src = resolve_input(in, layer, c_.num_hidden_layers);
         if (src) inputs.push_back(cand_.read(src->stage, src->layer, r));
       }
-      const std::optional<KvRows> cache = cand_.cache_rows(0, layer, 0, pos + 1);
-      if (!cache)
-        fail("{}: stage {} of layer {} cannot be replayed, and its KV cache cannot be read",
-             cand_.name(), name(s), layer);
-      auto row = ref_.recompute_row(s, layer, pos, inputs, *cache);
+      KvRows prefix;
+      prefix.count = pos + 1;
+      const auto end = long(size_t(pos + 1) * row_floats);
+      prefix.k.assign(cache->k.begin(), cache->k.begin() + end);
+      prefix.v.assign(cache->v.begin(), cache->v.begin() + end);
+      auto row = ref_.recompute_row(s, layer, pos, inputs, prefix);
       if (!row)
         fail("{}: stage {} of layer {} cannot be replayed, and {} does not recompute it",
              cand_.name(), name(s), layer, ref_.name());
