@@ -203,44 +203,18 @@ TEST_F(Lockstep, GenerationFollowsTheReferenceOrTheCandidate) {
 }
 
 // A candidate whose stage outputs cannot be overwritten cannot be replayed.
-class ReadOnly : public Backend {
+class ReadOnly : public test::ForwardingBackend {
  public:
-  explicit ReadOnly(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   std::string name() const override { return "read-only"; }
-  std::string precision() const override { return inner_->precision(); }
-  PrecisionPolicy precision_policy() const override { return inner_->precision_policy(); }
-  const Config& config() const override { return inner_->config(); }
-  void begin_step(const Batch& b) override { inner_->begin_step(b); }
-  void run(Stage s, int l) override { inner_->run(s, l); }
-  StageData read(Stage s, int l, int r) override { return inner_->read(s, l, r); }
-  void write(Stage s, int l, int r, const StageData& d) override { inner_->write(s, l, r, d); }
   bool writable(Stage s) const override { return s != Stage::ffn_norm; }
-  void reset() override { inner_->reset(); }
-
- private:
-  std::unique_ptr<Backend> inner_;
 };
 
 // A candidate that declares attn_out not replayable (its kernel does not read att).
-class AttnOutNotReplayed : public Backend {
+class AttnOutNotReplayed : public test::ForwardingBackend {
  public:
-  explicit AttnOutNotReplayed(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  std::string precision() const override { return inner_->precision(); }
-  PrecisionPolicy precision_policy() const override { return inner_->precision_policy(); }
-  const Config& config() const override { return inner_->config(); }
-  void begin_step(const Batch& b) override { inner_->begin_step(b); }
-  void run(Stage s, int l) override { inner_->run(s, l); }
-  StageData read(Stage s, int l, int r) override { return inner_->read(s, l, r); }
-  void write(Stage s, int l, int r, const StageData& d) override { inner_->write(s, l, r, d); }
+  using ForwardingBackend::ForwardingBackend;
   bool replays(Stage s, int) const override { return s != Stage::attn_out; }
-  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
-    return inner_->cache_rows(seq, layer, first, count);
-  }
-  void reset() override { inner_->reset(); }
-
- private:
-  std::unique_ptr<Backend> inner_;
 };
 
 TEST_F(Lockstep, AStageTheCandidateCannotReplayIsRecomputedFromItsOwnRows) {

@@ -353,42 +353,29 @@ INSTANTIATE_TEST_SUITE_P(
 // own rows from its own att and KV cache and the verdict blames attn_out there; declared
 // replayable, replay alone passes it (the hole the declaration closes); without the bug the
 // recompute passes.
-class FreeRowsAttnOutBug final : public Backend {
+class FreeRowsAttnOutBug final : public ForwardingBackend {
  public:
   FreeRowsAttnOutBug(std::unique_ptr<Backend> inner, bool replays, bool bug)
-      : inner_(std::move(inner)), replays_(replays), bug_(bug) {}
-  std::string name() const override { return inner_->name(); }
-  std::string precision() const override { return inner_->precision(); }
-  PrecisionPolicy precision_policy() const override { return inner_->precision_policy(); }
-  const Config& config() const override { return inner_->config(); }
+      : ForwardingBackend(std::move(inner)), replays_(replays), bug_(bug) {}
   void begin_step(const Batch& b) override {
-    inner_->begin_step(b);
+    inner().begin_step(b);
     seqs_ = b.seqs;
   }
   void run(Stage s, int layer) override {
-    inner_->run(s, layer);
+    inner().run(s, layer);
     if (!bug_ || s != Stage::attn_out || layer != 1) return;
     for (size_t r = 0; r < seqs_.size(); ++r) {
       if (seqs_[r] != 0) continue;  // the replay rows stay right
-      StageData d = inner_->read(s, layer, int(r));
+      StageData d = inner().read(s, layer, int(r));
       for (float& x : d.f32) x *= 1 + 0x1p-10f;
-      inner_->write(s, layer, int(r), d);
+      inner().write(s, layer, int(r), d);
     }
   }
-  StageData read(Stage s, int layer, int row) override { return inner_->read(s, layer, row); }
-  void write(Stage s, int layer, int row, const StageData& d) override {
-    inner_->write(s, layer, row, d);
-  }
   bool replays(Stage s, int layer) const override {
-    return (replays_ || s != Stage::attn_out) && inner_->replays(s, layer);
+    return (replays_ || s != Stage::attn_out) && ForwardingBackend::replays(s, layer);
   }
-  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
-    return inner_->cache_rows(seq, layer, first, count);
-  }
-  void reset() override { inner_->reset(); }
 
  private:
-  std::unique_ptr<Backend> inner_;
   bool replays_, bug_;
   std::vector<int32_t> seqs_;
 };

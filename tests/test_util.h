@@ -32,6 +32,36 @@ std::unique_ptr<Backend> make_candidate(const std::string& name, const Model& mo
 // A name usable in a test's name ("cpu_f32", "hip_bf16").
 std::string candidate_test_name(const std::string& name);
 
+// A test decorator's base: every call forwarded to `inner`, so that a decorator overrides only
+// what it changes (a stage it spoils, what it declares).
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::string precision() const override { return inner_->precision(); }
+  PrecisionPolicy precision_policy() const override { return inner_->precision_policy(); }
+  nlohmann::json facts() const override { return inner_->facts(); }
+  const Config& config() const override { return inner_->config(); }
+  void begin_step(const Batch& b) override { inner_->begin_step(b); }
+  void run(Stage s, int layer) override { inner_->run(s, layer); }
+  StageData read(Stage s, int layer, int row) override { return inner_->read(s, layer, row); }
+  void write(Stage s, int layer, int row, const StageData& d) override {
+    inner_->write(s, layer, row, d);
+  }
+  bool writable(Stage s) const override { return inner_->writable(s); }
+  bool replays(Stage s, int layer) const override { return inner_->replays(s, layer); }
+  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
+    return inner_->cache_rows(seq, layer, first, count);
+  }
+  void reset() override { inner_->reset(); }
+
+ protected:
+  Backend& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
 // Expects an error message of the house form: one line of bounded length (an untrusted value is
 // never echoed whole), naming `where` (the file), holding every fragment.
 void expect_message(const std::string& msg, const std::string& where,
