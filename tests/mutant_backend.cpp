@@ -201,19 +201,22 @@ const MutationInfo& mutation_info(Mutation m) {
 
 MutantBackend::MutantBackend(std::unique_ptr<Backend> inner, const Model& model,
                              MutantOptions options)
-    : inner_(std::move(inner)), model_(model), c_(inner_->config()), options_(options) {
+    : ForwardingBackend(std::move(inner)),
+      model_(model),
+      c_(this->inner().config()),
+      options_(options) {
   if (options_.layer && (*options_.layer < 0 || *options_.layer >= c_.num_hidden_layers))
     fail("mutant: layer {} is out of range (0..{})", *options_.layer, c_.num_hidden_layers - 1);
 }
 
 std::string MutantBackend::name() const {
-  return inner_->name() +
+  return inner().name() +
          (options_.with_bug ? " with bug " : " with the bug-free recomputation of ") +
          std::string(mutation_info(options_.mutation).name);
 }
 
 nlohmann::json MutantBackend::facts() const {
-  nlohmann::json j = inner_->facts();
+  nlohmann::json j = inner().facts();
   j["mutation"] = mutation_info(options_.mutation).name;
   j["mutation_bug"] = options_.with_bug;
   j["mutated_layer"] = options_.layer ? nlohmann::json(*options_.layer) : nlohmann::json("all");
@@ -221,7 +224,7 @@ nlohmann::json MutantBackend::facts() const {
 }
 
 void MutantBackend::begin_step(const Batch& batch) {
-  inner_->begin_step(batch);
+  inner().begin_step(batch);
   batch_ = batch;
   // A sequence restarting at an earlier position drops its later keys, as the caches do.
   std::map<int, int> first;
@@ -234,8 +237,13 @@ void MutantBackend::begin_step(const Batch& batch) {
 }
 
 void MutantBackend::reset() {
-  inner_->reset();
+  inner().reset();
   keys_.clear();
+}
+
+std::vector<StageData> MutantBackend::partials(Stage s, int layer, int row) {
+  if (mutates(s, layer)) return {};
+  return inner().partials(s, layer, row);
 }
 
 bool MutantBackend::mutates(Stage s, int layer) const {
@@ -249,13 +257,13 @@ void MutantBackend::run(Stage s, int layer) {
   // The step's k_rope rows, as scores is about to append them to the cache (replay rows hold
   // the reference's by now).
   if (mutated && s == Stage::scores) remember_keys(layer);
-  inner_->run(s, layer);
+  inner().run(s, layer);
   if (!mutated) return;
-  for (int r = 0; r < batch_.rows(); ++r) inner_->write(s, layer, r, recompute(s, layer, r));
+  for (int r = 0; r < batch_.rows(); ++r) inner().write(s, layer, r, recompute(s, layer, r));
 }
 
 std::vector<float> MutantBackend::input(Stage s, int layer, int row) {
-  const StageData d = inner_->read(s, layer, row);
+  const StageData d = inner().read(s, layer, row);
   std::vector<float> v(d.size());
   for (size_t i = 0; i < v.size(); ++i) v[i] = float(d.at(i));
   return v;

@@ -22,6 +22,7 @@
 
 #include "model/backend.h"
 #include "model/checkpoint.h"
+#include "tests/test_util.h"
 
 namespace parity::test {
 
@@ -93,30 +94,16 @@ struct MutantOptions {
   bool with_bug = true;      // off: the same host recomputation, without the bug
 };
 
-class MutantBackend final : public Backend {
+class MutantBackend final : public ForwardingBackend {
  public:
   MutantBackend(std::unique_ptr<Backend> inner, const Model& model, MutantOptions options);
 
   std::string name() const override;
-  std::string precision() const override { return inner_->precision(); }
-  PrecisionPolicy precision_policy() const override { return inner_->precision_policy(); }
   nlohmann::json facts() const override;
-  const Config& config() const override { return inner_->config(); }
-
   void begin_step(const Batch& batch) override;
   void run(Stage s, int layer) override;
-  StageData read(Stage s, int layer, int row) override { return inner_->read(s, layer, row); }
-  void write(Stage s, int layer, int row, const StageData& data) override {
-    inner_->write(s, layer, row, data);
-  }
-  bool writable(Stage s) const override { return inner_->writable(s); }
-  bool replays(Stage s, int layer) const override { return inner_->replays(s, layer); }
-  std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
-    return inner_->cache_rows(seq, layer, first, count);
-  }
-  std::optional<StageData> magnitude(Stage s, int layer, int row) override {
-    return inner_->magnitude(s, layer, row);
-  }
+  // A stage recomputed here has none of the inner backend's partial sums behind its rows.
+  std::vector<StageData> partials(Stage s, int layer, int row) override;
   void reset() override;
 
  private:
@@ -126,7 +113,6 @@ class MutantBackend final : public Backend {
   std::vector<float> input(Stage s, int layer, int row);
   void remember_keys(int layer);
 
-  std::unique_ptr<Backend> inner_;
   const Model& model_;
   const Config& c_;
   MutantOptions options_;

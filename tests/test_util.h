@@ -33,7 +33,8 @@ std::unique_ptr<Backend> make_candidate(const std::string& name, const Model& mo
 std::string candidate_test_name(const std::string& name);
 
 // A test decorator's base: every call forwarded to `inner`, so that a decorator overrides only
-// what it changes (a stage it spoils, what it declares).
+// what it changes (a stage it spoils, what it declares) -- all but run_step(): a decorator sees
+// each stage's run(), so the whole-step path stays the Backend's default (none).
 class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
@@ -49,14 +50,32 @@ class ForwardingBackend : public Backend {
     inner_->write(s, layer, row, d);
   }
   bool writable(Stage s) const override { return inner_->writable(s); }
-  bool replays(Stage s, int layer) const override { return inner_->replays(s, layer); }
+  std::optional<StageData> magnitude(Stage s, int layer, int row) override {
+    return inner_->magnitude(s, layer, row);
+  }
+  std::optional<StageData> bias(Stage s, int layer, int row) override {
+    return inner_->bias(s, layer, row);
+  }
   std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override {
     return inner_->cache_rows(seq, layer, first, count);
+  }
+  void load_cache(int seq, int layer, const KvRows& rows) override {
+    inner_->load_cache(seq, layer, rows);
+  }
+  std::vector<StageData> partials(Stage s, int layer, int row) override {
+    return inner_->partials(s, layer, row);
+  }
+  bool replays(Stage s, int layer) const override { return inner_->replays(s, layer); }
+  std::optional<std::pair<StageData, StageData>> recompute_row(Stage s, int layer, int position,
+                                                               const std::vector<StageData>& inputs,
+                                                               const KvRows& cache) override {
+    return inner_->recompute_row(s, layer, position, inputs, cache);
   }
   void reset() override { inner_->reset(); }
 
  protected:
   Backend& inner() { return *inner_; }
+  const Backend& inner() const { return *inner_; }
 
  private:
   std::unique_ptr<Backend> inner_;
