@@ -8,7 +8,7 @@
 #include <exception>
 #include <thread>
 
-#include "engine/byte_message.h"
+#include "engine/work_message.h"
 #include "model/error.h"
 
 namespace parity {
@@ -31,75 +31,6 @@ std::string receive(const MPI_Status& status) {
   return bytes;
 }
 
-std::string encode_item(const WorkItem& item) {
-  ByteWriter w;
-  w.put(uint64_t(item.index)).put(item.request.id).put_vector(item.request.prompt);
-  w.put(int32_t(item.request.max_tokens)).put(uint8_t(item.request.ignore_eos ? 1 : 0));
-  return w.bytes();
-}
-
-WorkItem decode_item(const std::string& bytes) {
-  ByteReader r(bytes);
-  WorkItem item;
-  item.index = size_t(r.get<uint64_t>());
-  item.request.id = r.get<uint64_t>();
-  item.request.prompt = r.get_vector<TokenId>();
-  item.request.max_tokens = r.get<int32_t>();
-  const uint8_t ignore_eos = r.get<uint8_t>();
-  PARITY_CHECK(ignore_eos <= 1, "MPI message: ignore_eos {}", ignore_eos);
-  item.request.ignore_eos = ignore_eos == 1;
-  return item;
-}
-
-std::string encode_result(size_t index, const EngineResult& res) {
-  ByteWriter w;
-  w.put(uint64_t(index)).put(int32_t(res.finish)).put(int32_t(res.worker)).put(res.ttft_seconds);
-  w.put_vector(res.generated).put_string(res.error);
-  return w.bytes();
-}
-
-std::pair<size_t, EngineResult> decode_result(const std::string& bytes) {
-  ByteReader r(bytes);
-  const size_t index = size_t(r.get<uint64_t>());
-  EngineResult res;
-  const int32_t finish = r.get<int32_t>();
-  PARITY_CHECK(finish >= 0 && finish <= int32_t(FinishReason::error), "MPI message: finish {}",
-               finish);
-  res.finish = FinishReason(finish);
-  res.worker = r.get<int32_t>();
-  res.ttft_seconds = r.get<double>();
-  res.generated = r.get_vector<TokenId>();
-  res.error = r.get_string();
-  return {index, std::move(res)};
-}
-
-std::string encode_stats(const EngineStats& s) {
-  ByteWriter w;
-  w.put(uint64_t(s.requests)).put(uint64_t(s.failed)).put(s.prompt_tokens).put(s.generated_tokens);
-  w.put(s.prefill_rows).put(s.decode_rows).put(s.steps).put(s.wall_seconds);
-  w.put(s.prefill_seconds).put(s.decode_seconds).put_vector(s.ttft_seconds);
-  w.put_vector(s.tpot_seconds);
-  return w.bytes();
-}
-
-EngineStats decode_stats(const std::string& bytes) {
-  ByteReader r(bytes);
-  EngineStats s;
-  s.requests = size_t(r.get<uint64_t>());
-  s.failed = size_t(r.get<uint64_t>());
-  s.prompt_tokens = r.get<int64_t>();
-  s.generated_tokens = r.get<int64_t>();
-  s.prefill_rows = r.get<int64_t>();
-  s.decode_rows = r.get<int64_t>();
-  s.steps = r.get<int64_t>();
-  s.wall_seconds = r.get<double>();
-  s.prefill_seconds = r.get<double>();
-  s.decode_seconds = r.get<double>();
-  s.ttft_seconds = r.get_vector<double>();
-  s.tpot_seconds = r.get_vector<double>();
-  return s;
-}
-
 // A rank's requests come from rank 0, one per question.
 class RemoteWorkSource final : public WorkSource {
  public:
@@ -114,10 +45,10 @@ class RemoteWorkSource final : public WorkSource {
       return std::nullopt;
     }
     PARITY_CHECK(status.MPI_TAG == kItem, "MPI: tag {} from rank 0", status.MPI_TAG);
-    return decode_item(bytes);
+    return decode_work_item(bytes);
   }
   void done(size_t index, EngineResult result) override {
-    send(encode_result(index, result), 0, kResult);
+    send(encode_work_result(index, result), 0, kResult);
   }
 
  private:
@@ -201,17 +132,17 @@ void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<En
     switch (status.MPI_TAG) {
       case kAsk:
         if (std::optional<WorkItem> item = queue.next())
-          send(encode_item(*item), status.MPI_SOURCE, kItem);
+          send(encode_work_item(*item), status.MPI_SOURCE, kItem);
         else
           send({}, status.MPI_SOURCE, kNone);
         break;
       case kResult: {
-        auto [index, result] = decode_result(bytes);
+        auto [index, result] = decode_work_result(bytes);
         queue.done(index, std::move(result));
         break;
       }
       case kStats:
-        per_rank[size_t(status.MPI_SOURCE)] = decode_stats(bytes);
+        per_rank[size_t(status.MPI_SOURCE)] = decode_work_stats(bytes);
         --active;
         break;
       default:
@@ -226,7 +157,7 @@ void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<En
 void work_for_rank0(const MpiSession& mpi, Engine& engine) {
   RemoteWorkSource source;
   engine.run(source, {}, Clock::now(), mpi.rank());
-  send(encode_stats(engine.stats()), 0, kStats);
+  send(encode_work_stats(engine.stats()), 0, kStats);
 }
 
 }  // namespace parity
