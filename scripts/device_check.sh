@@ -8,7 +8,7 @@
 # Usage: scripts/device_check.sh [STEP...]
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
 #         hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench
-#         tensor-parallel (default: all but the last seven)
+#         tensor-parallel stalls (default: all but the last eight)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # PRECISION (fp32 or bf16: the device's --precision for tiny, hf, 20b, 20b-real, bench,
@@ -458,13 +458,46 @@ step_serving-bench() {
   grep -E "^bench_requests|^run: limits|^run: [0-9]" "$LOG_DIR/serving-bench.log"
 }
 
+# Where the kernels behind the bf16 targets stall (Nsight Compute, one launch each, the profiler's
+# locked clocks): the warpgroup expert tiles at a 4,096-row prefill step (mlp1), the 16-pair
+# expert tiles at 64 decoding rows (mlp1) and the MMA attention at batch 1 (a full-attention layer
+# of a decode step); the full reports in LOG_DIR/stalls-*.txt.
+step_stalls() {
+  command -v ncu >/dev/null || { echo "stalls: no ncu here"; return 0; }
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged stalls "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip "${prec[@]}" -m getp --no-progress)
+  mkdir -p "$req"
+  make_requests 64 20 400 "$req/mixed-64.txt"
+  make_requests 16 1600 1700 "$req/long-16.txt"
+  head -n 1 "$req/mixed-64.txt" >"$req/mixed-1.txt"
+  local sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
+    --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all)
+  # name, kernel regex, launches skipped (mlp1 of layer 13 of the second step; mlp1 of the ninth
+  # decode step; layer 1 of the twentieth), the run's arguments
+  local cases=("wgmma-prefill|moe_wgmma|26|-i $req/long-16.txt -n 1 --max-batch 16 --step-tokens 4096 --context 4096"
+    "wide-decode-64|moe_mma_wide|400|-i $req/mixed-64.txt -n 32 --max-batch 64 --step-tokens 2048 --context 4096"
+    "attention-batch-1|attention_mma|481|-i $req/mixed-1.txt -n 32 --max-batch 1 --context 4096")
+  local c name regex skip args
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name regex skip args <<<"$c"
+    set +e
+    # shellcheck disable=SC2086
+    timeout 240 ncu --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count 1 "${sections[@]}" \
+      "${run[@]}" $args -o "$req/out-stalls.txt" >"$LOG_DIR/stalls-$name.txt" 2>&1
+    echo "== $name: ncu exit $?" | tee -a "$LOG_DIR/stalls.log"
+    set -e
+    grep -E "Duration|Grid Size|Registers Per|Achieved Occ|Issued Warp Per|Stall [A-Z]|Compute \(SM\) Th|DRAM Th" \
+      "$LOG_DIR/stalls-$name.txt" | sort -u | grep -v " 0$\| 0.00$" | tee -a "$LOG_DIR/stalls.log"
+  done
+}
+
 for s in "${steps[@]}"; do
   case "$s" in
     build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
       hf-generate | engine-gpus | hf-capture | long-pos | precision-bench | serving-bench | \
-      tensor-parallel) "step_$s" ;;
+      tensor-parallel | stalls) "step_$s" ;;
     *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
          "engine-bench hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench"\
-         "tensor-parallel)"; exit 2 ;;
+         "tensor-parallel stalls)"; exit 2 ;;
   esac
 done

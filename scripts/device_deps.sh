@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The libraries the GPU machine lacks (xxHash, pugixml, PCRE2: headers, shared libraries, a
 # pkg-config file each and pugixml's CMake config), copied from this machine's Debian packages
-# into a folder that travels with the device tool's `carry` (default build-devdeps/, ignored by
-# git). scripts/device_check.sh uses it when it is there:
-#   scripts/device_deps.sh && run(command="bash scripts/device_check.sh ...", carry=["build-devdeps"])
-# On the GPU machine the folder is used where it lies (the paths inside are made relative to it
-# there, by device_check.sh).
+# into a folder (default build-devdeps/, ignored by git) to copy to the GPU machine beside the
+# working tree. scripts/device_check.sh uses it when it is there: run scripts/device_deps.sh
+# here, copy the tree with the folder, then scripts/device_check.sh there. On the GPU machine the
+# folder is used where it lies (the paths inside are made relative to it there, by
+# device_check.sh).
 # Usage: scripts/device_deps.sh [DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
