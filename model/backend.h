@@ -135,9 +135,9 @@ class Backend {
   virtual bool replays(Stage, int /*layer*/) const { return true; }
   // The output row of stage s at `position`, and its magnitude row, as this backend computes
   // them from another backend's values: `inputs` the rows of the stage's inputs that are stage
-  // outputs (info(s).inputs' order), `cache` that backend's KV rows of the layer for positions
-  // 0..position. nullopt where the backend does not recompute s (the reference recomputes
-  // attn_out).
+  // outputs (info(s).inputs' order), `cache` that backend's KV rows of the layer from position 0,
+  // through `position` at least (later rows are not read: a step's rows share one read of the
+  // cache). nullopt where the backend does not recompute s (the reference recomputes attn_out).
   virtual std::optional<std::pair<StageData, StageData>> recompute_row(
       Stage, int /*layer*/, int /*position*/, const std::vector<StageData>& /*inputs*/,
       const KvRows& /*cache*/) {

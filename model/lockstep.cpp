@@ -135,7 +135,7 @@ class Step {
     for (int r = 0; r < rows_; ++r)
       if (traced_[size_t(r)] && ref_obs_->wants(positions_[size_t(r)], layer, s)) rows.push_back(r);
     if (rows.empty()) return;
-    // The layer's cache once, up to the step's last traced position; each row takes its prefix.
+    // The layer's cache once, up to the step's last traced position; each row reads its prefix.
     int last = 0;
     for (int r : rows) last = std::max(last, positions_[size_t(r)]);
     const std::optional<KvRows> cache = cand_.cache_rows(0, layer, 0, last + 1);
@@ -155,12 +155,7 @@ class Step {
         const auto src = resolve_input(in, layer, c_.num_hidden_layers);
         if (src) inputs.push_back(cand_.read(src->stage, src->layer, r));
       }
-      KvRows prefix;
-      prefix.count = pos + 1;
-      const auto end = long(size_t(pos + 1) * row_floats);
-      prefix.k.assign(cache->k.begin(), cache->k.begin() + end);
-      prefix.v.assign(cache->v.begin(), cache->v.begin() + end);
-      auto row = ref_.recompute_row(s, layer, pos, inputs, prefix);
+      auto row = ref_.recompute_row(s, layer, pos, inputs, *cache);
       if (!row)
         fail("{}: stage {} of layer {} cannot be replayed, and {} does not recompute it",
              cand_.name(), name(s), layer, ref_.name());

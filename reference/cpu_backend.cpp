@@ -400,7 +400,7 @@ class CpuBackend final : public Backend {
     if (s != Stage::attn_out) return std::nullopt;
     const size_t cols = size_t(position) + 2;
     if (layer < 0 || layer >= c_.num_hidden_layers || position < 0 || inputs.size() != 1 ||
-        inputs[0].size() != size_t(nH) * cols || cache.count != position + 1 ||
+        inputs[0].size() != size_t(nH) * cols || cache.count <= position ||
         cache.v.size() != size_t(cache.count) * size_t(c_.kv_dim()))
       fail(
           "{}: recompute of attn_out at layer {}, position {}: {} input rows, att of {} values "
@@ -410,7 +410,8 @@ class CpuBackend final : public Backend {
     const int first = window(layer) > 0 ? std::max(0, position - window(layer) + 1) : 0;
     std::vector<double> pd(inputs[0].size());
     for (size_t i = 0; i < pd.size(); ++i) pd[i] = int(i % cols) < first ? 0.0 : inputs[0].at(i);
-    std::vector<T> probs(pd.begin(), pd.end()), v(cache.v.begin(), cache.v.end());
+    const auto prefix_end = cache.v.begin() + long(size_t(position + 1) * size_t(c_.kv_dim()));
+    std::vector<T> probs(pd.begin(), pd.end()), v(cache.v.begin(), prefix_end);
     std::vector<T> out(size_t(nH) * size_t(d));
     ref::attention_output(probs.data(), v.data(), nH, nKV, d, position, out.data());
     StageData o, m;
