@@ -702,27 +702,35 @@ __global__ void __launch_bounds__(kTiledThreads)
   }
 }
 // ---------------------------------------------------- bf16: the three on the tensor cores ---
-// The bf16 precision's attention (attention_mma_fuses): scores, softmax and output of a query
-// tile (or a row) in one kernel, with the scores' and the output's products on BF16 MMA tiles
-// (mma_bf16_16x8x16, float32 accumulation) and the softmax online, flash-style. grid (tiles, nKV),
-// kMmaThreads threads; the tile's (row, head) pairs p = rr g + hh go sixteen to a group of 32
-// lanes (the MMA tile's rows). Keys and values go through shared memory kMmaKeys at a time,
-// rounded once to BF16 (nearest even), values transposed; the next tile's loads are in flight
-// while the groups compute the current one.
+// The bf16 precision's attention (attention_mma_fuses): scores, softmax and output with the
+// scores' and the output's products on BF16 MMA tiles (mma_bf16_16x8x16, float32 accumulation)
+// and the softmax flash-style, in 64-key tiles at fixed offsets (key tile T: keys 64 T .. 64 T +
+// 63). q, k, v and the probabilities are each rounded once to BF16 (nearest even). The (row,
+// head) pairs of a query tile, p = rr g + hh, go sixteen to a group of 32 lanes (the MMA tile's
+// rows).
 //
-// Per pair, over the key tiles from the block's first in order:
+// Each key tile T with a key visible to a pair gives that pair a partial (mma_key_tile_probs,
+// mma_key_tile_output):
 //   s_j   = (bf16(q) . bf16(k_j)) * scale on the MMA tile (a chain over the head's dimensions),
 //           -inf where j is not visible to the pair (before its window, past its position)
-//   m'    = max(m, max_j s_j); alpha = exp(m - m') (1 while no key has been visible)
-//   p_j   = exp(s_j - m');  l = l alpha + sum_j p_j (the group's fixed tree)
-//   o     = o alpha + sum_j bf16(p_j) bf16(v_j) on the MMA tile
-// starting from the sink (m = sink, l = 1, o = 0), and out = o / l. A tile with no key visible
-// to a pair leaves its (m, l, o) as they are, bit for bit (alpha = 1, p = 0), and a pair's MMA
-// rows do not depend on the other rows of the tile: a row's output has the same bits in any
-// tile, alone (decode) or in a prefill chunk, so the engine's batches do not change it.
-// With `scores` (a traced step), the kernel also writes each pair's scores as
+//   m_T   = max_j s_j;  p_j = exp(s_j - m_T);  l_T = sum_j p_j (the group's fixed tree)
+//   o_T   = sum_j bf16(p_j) bf16(v_j) on the MMA tile, from zero
+// and the pair's partials fold in tile order into a state that starts at the sink (M = sink,
+// L = 1, O = 0), each fold (FoldFactors)
+//   M' = max(M, m_T);  a = exp(M - M');  b = exp(m_T - M');  L = L a + l_T b;  O = O a + o_T b
+// and out = O / L. A partial depends on the pair, its tile and nothing else (a pair's MMA rows do
+// not depend on the tile's other rows), and every pair folds the same tiles in the same order,
+// so two kernels compute it with the same bits:
+//   bf16_attention_mma    grid (query tiles, nKV): a block walks its keys a tile at a time and
+//                         folds as it goes (prefill chunks; decode where the partials do not fit)
+//   bf16_attention_split  grid (key tiles, nKV, B) for rows that are each their own query tile
+//                         (decode): a block computes one key tile's partials of one row's heads
+//                         and writes them to the workspace; bf16_attention_merge folds them.
+// A row's output has the same bits alone (decode), in a prefill chunk, with any other rows and in
+// either kernel, so the engine's batches do not change a request's tokens.
+// With `scores` (a traced step), the kernels also write each pair's scores as
 // launch_f32_attention_scores lays them out (the softmax stage then computes att from them).
-constexpr int kMmaKeys = 64;   // keys per shared-memory tile
+constexpr int kMmaKeys = kAttentionKeyTile;  // keys per tile (kernel_types.h)
 constexpr int kMmaGroups = 4;  // groups of 32 lanes, 16 pairs each
 constexpr int kMmaThreads = 32 * kMmaGroups;
 constexpr int kMmaBlocksPerSm = 2;  // the register budget's (3 spills 200 bytes)
@@ -735,89 +743,25 @@ constexpr float kLog2e = 1.44269504088896341f;
 template <int kD>
 struct MmaTileSmem {
   static constexpr int kLdk = kD + 8, kLdv = kMmaKeys + 8;  // BF16 elements; no bank conflict
-  uint16_t k[2][kMmaKeys * kLdk];                           // [key][dimension]
-  uint16_t vt[2][kD * kLdv];                                // [dimension][key]
+  uint16_t k[kMmaKeys * kLdk];                              // [key][dimension]
+  uint16_t vt[kD * kLdv];                                   // [dimension][key]
 };
 
-// One (row, head) pair of an MMA tile row.
-struct MmaPair {
-  bool valid = false;
-  int r = 0, h = 0, pos = -1, first = 0;
-  int64_t scores = 0;  // element offset of its scores row
-};
-
+// A key tile's keys and values on their way to shared memory: fetch() loads them into registers
+// (the block's kMmaThreads threads, 16 bytes each; keys outside [lo, hi] read as zero, never a
+// released block's nor a not yet written one's), store() writes them rounded to BF16, values
+// transposed.
 template <int kD>
-__global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm)
-    bf16_attention_mma(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
-                       const int32_t* __restrict__ tile_first, const float* __restrict__ q,
-                       const float* __restrict__ sinks, float* __restrict__ scores,
-                       float* __restrict__ out, uint32_t* __restrict__ out_split) {
-  static_assert(kD % 16 == 0 && kD <= 128);
-  using Smem = MmaTileSmem<kD>;
-  constexpr int kQuads = kD / 4, kKSteps = kD / 16, kDimTiles = kD / 8, kKeyTiles = kMmaKeys / 8;
-  constexpr int kKLoads = (kMmaKeys * kQuads + kMmaThreads - 1) / kMmaThreads;
-  constexpr int kVLoads = (kMmaKeys / 2 * kQuads + kMmaThreads - 1) / kMmaThreads;
-  __shared__ __align__(16) Smem sm;
-  wait_for_previous_grid();  // launched to overlap the end of the kernel before (q_rope)
-  allow_next_grid_start();   // o_proj may load its weights meanwhile
-  const int tile = int(blockIdx.x), kvh = int(blockIdx.y), g = a.n_heads / a.n_kv;
-  const int r0 = tile_first != nullptr ? tile_first[tile] : tile;
-  const int n_rows = tile_first != nullptr ? tile_first[tile + 1] - r0 : 1;
-  const int t = int(threadIdx.x), group = t / 32, lane = t % 32, gi = lane / 4, ti = lane % 4;
-  const int kvd = a.n_kv * kD;
-  const int32_t* table = row_table(kv, a, rows[r0]);
-  // The block's keys: from the first any of its rows sees to the last position.
-  int lo = INT_MAX, hi = 0;
-  for (int rr = 0; rr < n_rows; ++rr) {
-    const int p = rows[r0 + rr].pos;
-    lo = min(lo, first_visible_key(p, a.window));
-    hi = max(hi, p);
-  }
-  const int j_begin = lo / kMmaKeys * kMmaKeys;
-  // This lane's two pairs: MMA rows gi and gi + 8 of its group.
-  MmaPair pr[2];
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int p = 16 * group + gi + 8 * u;
-    if (p < n_rows * g) {
-      const StepRow& row = rows[r0 + p / g];
-      pr[u] = {true,
-               r0 + p / g,
-               kvh * g + p % g,
-               row.pos,
-               first_visible_key(row.pos, a.window),
-               row.scores_offset};
-    }
-  }
-  const bool active = 16 * group < n_rows * g;  // the group has a pair
-  // A traced step: the keys before the block's first tile are masked for every pair, and the
-  // sink column is the sink.
-  if (scores != nullptr)
-    for (int p = t; p < n_rows * g; p += kMmaThreads) {
-      const StepRow& row = rows[r0 + p / g];
-      const int h = kvh * g + p % g;
-      float* s_row = scores + row.scores_offset + int64_t(h) * (row.pos + 2);
-      for (int j = 0; j < j_begin; ++j) s_row[j] = -INFINITY;
-      s_row[row.pos + 1] = sinks[h];
-    }
-  // q as the MMA tile's A operand, rounded once to BF16.
-  uint32_t qa[kKSteps][4];
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const MmaPair& pp = pr[e % 2];
-      const int dim = 16 * ks + 2 * ti + 8 * (e / 2);
-      float2 x = make_float2(0.0f, 0.0f);
-      if (pp.valid)
-        x = *reinterpret_cast<const float2*>(q + (int64_t(pp.r) * a.n_heads + pp.h) * kD + dim);
-      qa[ks][e] = bf16x2_pack_rn(x.x, x.y);
-    }
-  // The next tile's keys and values in registers: key (i / kQuads) quad (i % kQuads), and value
-  // key pairs (i / kQuads) quad (i % kQuads). Keys outside [lo, hi] are zero (never a released
-  // block's, nor a not yet written one's).
+struct MmaKvStaging {
+  static constexpr int kQuads = kD / 4;
+  static constexpr int kKLoads = (kMmaKeys * kQuads + kMmaThreads - 1) / kMmaThreads;
+  static constexpr int kVLoads = (kMmaKeys / 2 * kQuads + kMmaThreads - 1) / kMmaThreads;
   float4 kr[kKLoads], vr[kVLoads][2];
-  const auto fetch = [&](int j0) {
+
+  __device__ __forceinline__ void fetch(const KvCacheView& kv, const int32_t* table,
+                                        const AttentionShape& a, int kvh, int j0, int lo, int hi,
+                                        int t) {
+    const int kvd = a.n_kv * kD;
     const auto row_of = [&](int which, int j, int c) {
       if (j < lo || j > hi) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       return *reinterpret_cast<const float4*>(
@@ -836,13 +780,15 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm)
         vr[u][1] = row_of(1, j0 + 2 * (i / kQuads) + 1, i % kQuads);
       }
     }
-  };
-  const auto store = [&](int buf) {
+  }
+
+  __device__ __forceinline__ void store(MmaTileSmem<kD>& sm, int t) const {
+    using Smem = MmaTileSmem<kD>;
 #pragma unroll
     for (int u = 0; u < kKLoads; ++u) {
       const int i = t + u * kMmaThreads;
       if (i < kMmaKeys * kQuads)
-        *reinterpret_cast<uint2*>(&sm.k[buf][(i / kQuads) * Smem::kLdk + 4 * (i % kQuads)]) =
+        *reinterpret_cast<uint2*>(&sm.k[(i / kQuads) * Smem::kLdk + 4 * (i % kQuads)]) =
             make_uint2(bf16x2_pack_rn(kr[u].x, kr[u].y), bf16x2_pack_rn(kr[u].z, kr[u].w));
     }
 #pragma unroll
@@ -851,96 +797,244 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm)
       if (i < kMmaKeys / 2 * kQuads) {
         const int jj = 2 * (i / kQuads), c = i % kQuads;
         const float4 v0 = vr[u][0], v1 = vr[u][1];
-        uint32_t* at = reinterpret_cast<uint32_t*>(&sm.vt[buf][(4 * c) * Smem::kLdv + jj]);
+        uint32_t* at = reinterpret_cast<uint32_t*>(&sm.vt[(4 * c) * Smem::kLdv + jj]);
         at[0 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.x, v1.x);
         at[1 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.y, v1.y);
         at[2 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.z, v1.z);
         at[3 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.w, v1.w);
       }
     }
-  };
-  // The running state of each pair, from the sink.
-  float m[2], l[2] = {1.0f, 1.0f}, o[kDimTiles][4] = {};
+  }
+};
+
+// One (row, head) pair of an MMA tile row.
+struct MmaPair {
+  bool valid = false;
+  int r = 0, h = 0, pos = -1, first = 0;
+  int64_t scores = 0;  // element offset of its scores row
+
+  // Whether key tile j0 .. j0 + kMmaKeys - 1 has a key the pair sees.
+  __device__ __forceinline__ bool sees_tile(int j0) const {
+    return valid && j0 <= pos && j0 + kMmaKeys > first;
+  }
+};
+
+// The pair of MMA row `p` of a query tile whose rows start at r0 (n_rows of them), KV head kvh.
+__device__ __forceinline__ MmaPair mma_pair(const AttentionShape& a, const StepRow* rows, int r0,
+                                            int n_rows, int kvh, int p) {
+  const int g = a.n_heads / a.n_kv;
+  if (p >= n_rows * g) return {};
+  const StepRow& row = rows[r0 + p / g];
+  return {true,
+          r0 + p / g,
+          kvh * g + p % g,
+          row.pos,
+          first_visible_key(row.pos, a.window),
+          row.scores_offset};
+}
+
+// q of the lane's two pairs as the MMA tile's A operand, rounded once to BF16.
+template <int kD>
+__device__ __forceinline__ void mma_query(const AttentionShape& a, const float* q,
+                                          const MmaPair (&pr)[2], int ti,
+                                          uint32_t (&qa)[kD / 16][4]) {
 #pragma unroll
-  for (int u = 0; u < 2; ++u) m[u] = pr[u].valid ? sinks[pr[u].h] : 0.0f;
-  fetch(j_begin);
-  store(0);
+  for (int ks = 0; ks < kD / 16; ++ks)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const MmaPair& pp = pr[e % 2];
+      const int dim = 16 * ks + 2 * ti + 8 * (e / 2);
+      float2 x = make_float2(0.0f, 0.0f);
+      if (pp.valid)
+        x = *reinterpret_cast<const float2*>(q + (int64_t(pp.r) * a.n_heads + pp.h) * kD + dim);
+      qa[ks][e] = bf16x2_pack_rn(x.x, x.y);
+    }
+}
+
+// The softmax's partials (m[u], l[u]) of the lane's two pairs over the key tile j0 in shared
+// memory, and their probabilities as the output products' A operand (pa); with `scores`, each
+// pair's scores of the tile's keys up to its position. Every lane of the group takes part
+// (shuffles).
+template <int kD>
+__device__ __forceinline__ void mma_key_tile_probs(const AttentionShape& a,
+                                                   const MmaTileSmem<kD>& sm,
+                                                   const uint32_t (&qa)[kD / 16][4],
+                                                   const MmaPair (&pr)[2], int j0, int lane,
+                                                   float* scores, float (&m)[2], float (&l)[2],
+                                                   uint32_t (&pa)[kMmaKeys / 16][4]) {
+  using Smem = MmaTileSmem<kD>;
+  constexpr int kKSteps = kD / 16, kKeyTiles = kMmaKeys / 8;
+  const int gi = lane / 4, ti = lane % 4;
+  float s[kKeyTiles][4] = {};
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const uint16_t* kp = sm.k + (8 * nt + gi) * Smem::kLdk + 16 * ks + 2 * ti;
+      const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(kp),
+                             *reinterpret_cast<const uint32_t*>(kp + 8)};
+      mma_bf16_16x8x16(s[nt], qa[ks], b);
+    }
+  float tmax[2] = {-INFINITY, -INFINITY};
+  // Whether every key of the tile is visible to both pairs: no mask to evaluate.
+  const bool whole = pr[0].valid && pr[1].valid && j0 >= pr[0].first && j0 >= pr[1].first &&
+                     j0 + kMmaKeys - 1 <= pr[0].pos && j0 + kMmaKeys - 1 <= pr[1].pos;
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const MmaPair& pp = pr[e / 2];
+      const int j = j0 + 8 * nt + 2 * ti + e % 2;
+      const bool visible = whole || (pp.valid && j >= pp.first && j <= pp.pos);
+      const float v = visible ? s[nt][e] * a.scale : -INFINITY;
+      s[nt][e] = v;
+      tmax[e / 2] = fmaxf(tmax[e / 2], v);
+      if (scores != nullptr && pp.valid && j <= pp.pos)
+        scores[pp.scores + int64_t(pp.h) * (pp.pos + 2) + j] = v;
+    }
+  float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    tmax[u] = fmaxf(tmax[u], __shfl_xor(tmax[u], 1, 32));
+    m[u] = fmaxf(tmax[u], __shfl_xor(tmax[u], 2, 32));
+  }
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = s[nt][e] == -INFINITY ? 0.0f : exp2f((s[nt][e] - m[e / 2]) * kLog2e);
+      s[nt][e] = p;
+      sum[e / 2] += p;
+    }
+    pa[nt / 2][2 * (nt % 2)] = bf16x2_pack_rn(s[nt][0], s[nt][1]);
+    pa[nt / 2][2 * (nt % 2) + 1] = bf16x2_pack_rn(s[nt][2], s[nt][3]);
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    sum[u] += __shfl_xor(sum[u], 1, 32);
+    l[u] = sum[u] + __shfl_xor(sum[u], 2, 32);
+  }
+}
+
+// The output's partial of the lane's two pairs over the key tile in shared memory, dimension
+// tile dt (dimensions 8 dt .. 8 dt + 7): o[2u], o[2u + 1] of pair u, an MMA chain from zero.
+template <int kD>
+__device__ __forceinline__ void mma_key_tile_output(const MmaTileSmem<kD>& sm,
+                                                    const uint32_t (&pa)[kMmaKeys / 16][4],
+                                                    int lane, int dt, float (&o)[4]) {
+  using Smem = MmaTileSmem<kD>;
+  const int gi = lane / 4, ti = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) o[e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+    const uint16_t* vp = sm.vt + (8 * dt + gi) * Smem::kLdv + 16 * kk + 2 * ti;
+    const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(vp),
+                           *reinterpret_cast<const uint32_t*>(vp + 8)};
+    mma_bf16_16x8x16(o, pa[kk], b);
+  }
+}
+
+// One fold of a key tile's partial (m_t, l_t) into a pair's state (M, L): the factors of the
+// state's O (a) and of the tile's o (b); out of line of the output's elements, so that both
+// kernels' folds are the same operations.
+struct FoldFactors {
+  float a, b;
+};
+__device__ __forceinline__ FoldFactors fold_tile(float& M, float& L, float m_t, float l_t) {
+  const float mn = fmaxf(M, m_t);
+  const FoldFactors f{exp2f((M - mn) * kLog2e), exp2f((m_t - mn) * kLog2e)};
+  M = mn;
+  L = fmaf(L, f.a, l_t * f.b);
+  return f;
+}
+__device__ __forceinline__ float fold_output(float O, float o_t, FoldFactors f) {
+  return fmaf(O, f.a, o_t * f.b);
+}
+
+// The output of a pair: out (and o_proj's split of it) at element f of (B, nH d).
+__device__ __forceinline__ void mma_write_output(float x, float* out, uint32_t* out_split,
+                                                 int64_t f) {
+  out[f] = x;
+  if (out_split != nullptr) split_bf16x3_write1(x, out_split, f);
+}
+
+// grid (query tiles, nKV), kMmaThreads threads: the tile's pairs over their keys, folding each
+// key tile's partials as it goes; the next key tile's loads are in flight while the groups
+// compute the current one.
+template <int kD>
+__global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm)
+    bf16_attention_mma(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
+                       const int32_t* __restrict__ tile_first, const float* __restrict__ q,
+                       const float* __restrict__ sinks, float* __restrict__ scores,
+                       float* __restrict__ out, uint32_t* __restrict__ out_split) {
+  static_assert(kD % 16 == 0 && kD <= 128);
+  constexpr int kDimTiles = kD / 8;
+  __shared__ __align__(16) MmaTileSmem<kD> sm[2];
+  wait_for_previous_grid();  // launched to overlap the end of the kernel before (q_rope)
+  allow_next_grid_start();   // o_proj may load its weights meanwhile
+  const int tile = int(blockIdx.x), kvh = int(blockIdx.y), g = a.n_heads / a.n_kv;
+  const int r0 = tile_first != nullptr ? tile_first[tile] : tile;
+  const int n_rows = tile_first != nullptr ? tile_first[tile + 1] - r0 : 1;
+  const int t = int(threadIdx.x), group = t / 32, lane = t % 32, ti = lane % 4;
+  const int32_t* table = row_table(kv, a, rows[r0]);
+  // The block's keys: from the first any of its rows sees to the last position.
+  int lo = INT_MAX, hi = 0;
+  for (int rr = 0; rr < n_rows; ++rr) {
+    const int p = rows[r0 + rr].pos;
+    lo = min(lo, first_visible_key(p, a.window));
+    hi = max(hi, p);
+  }
+  const int j_begin = lo / kMmaKeys * kMmaKeys;
+  // This lane's two pairs: MMA rows gi and gi + 8 of its group.
+  const MmaPair pr[2] = {mma_pair(a, rows, r0, n_rows, kvh, 16 * group + lane / 4),
+                         mma_pair(a, rows, r0, n_rows, kvh, 16 * group + lane / 4 + 8)};
+  const bool active = 16 * group < n_rows * g;  // the group has a pair
+  // A traced step: the keys before the block's first tile are masked for every pair, and the
+  // sink column is the sink.
+  if (scores != nullptr)
+    for (int p = t; p < n_rows * g; p += kMmaThreads) {
+      const StepRow& row = rows[r0 + p / g];
+      const int h = kvh * g + p % g;
+      float* s_row = scores + row.scores_offset + int64_t(h) * (row.pos + 2);
+      for (int j = 0; j < j_begin; ++j) s_row[j] = -INFINITY;
+      s_row[row.pos + 1] = sinks[h];
+    }
+  uint32_t qa[kD / 16][4];
+  mma_query<kD>(a, q, pr, ti, qa);
+  // Each pair's state, from the sink.
+  float M[2], L[2] = {1.0f, 1.0f}, O[kDimTiles][4] = {};
+#pragma unroll
+  for (int u = 0; u < 2; ++u) M[u] = pr[u].valid ? sinks[pr[u].h] : 0.0f;
+  MmaKvStaging<kD> staging;
+  staging.fetch(kv, table, a, kvh, j_begin, lo, hi, t);
+  staging.store(sm[0], t);
   __syncthreads();
   int buf = 0;
   for (int j0 = j_begin; j0 <= hi; j0 += kMmaKeys, buf ^= 1) {
     const bool next = j0 + kMmaKeys <= hi;
-    if (next) fetch(j0 + kMmaKeys);
+    if (next) staging.fetch(kv, table, a, kvh, j0 + kMmaKeys, lo, hi, t);
     if (active) {
-      float s[kKeyTiles][4] = {};
-      const uint16_t* ks_ = sm.k[buf];
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          const uint16_t* kp = ks_ + (8 * nt + gi) * Smem::kLdk + 16 * ks + 2 * ti;
-          const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(kp),
-                                 *reinterpret_cast<const uint32_t*>(kp + 8)};
-          mma_bf16_16x8x16(s[nt], qa[ks], b);
-        }
-      float tmax[2] = {-INFINITY, -INFINITY};
-      // Whether every key of the tile is visible to both pairs: no mask to evaluate.
-      const bool whole = pr[0].valid && pr[1].valid && j0 >= pr[0].first && j0 >= pr[1].first &&
-                         j0 + kMmaKeys - 1 <= pr[0].pos && j0 + kMmaKeys - 1 <= pr[1].pos;
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const MmaPair& pp = pr[e / 2];
-          const int j = j0 + 8 * nt + 2 * ti + e % 2;
-          const bool visible = whole || (pp.valid && j >= pp.first && j <= pp.pos);
-          const float v = visible ? s[nt][e] * a.scale : -INFINITY;
-          s[nt][e] = v;
-          tmax[e / 2] = fmaxf(tmax[e / 2], v);
-          if (scores != nullptr && pp.valid && j <= pp.pos)
-            scores[pp.scores + int64_t(pp.h) * (pp.pos + 2) + j] = v;
-        }
-      float alpha[2], sum[2];
+      float m[2], l[2];
+      uint32_t pa[kMmaKeys / 16][4];
+      mma_key_tile_probs<kD>(a, sm[buf], qa, pr, j0, lane, scores, m, l, pa);
+      FoldFactors f[2] = {};
+      bool sees[2];
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        tmax[u] = fmaxf(tmax[u], __shfl_xor(tmax[u], 1, 32));
-        tmax[u] = fmaxf(tmax[u], __shfl_xor(tmax[u], 2, 32));
-        const float mn = fmaxf(m[u], tmax[u]);
-        alpha[u] = exp2f((m[u] - mn) * kLog2e);  // 1 where no key of the tile is visible
-        m[u] = mn;
-        sum[u] = 0.0f;
-      }
-      uint32_t pa[kKeyTiles / 2][4];
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = s[nt][e] == -INFINITY ? 0.0f : exp2f((s[nt][e] - m[e / 2]) * kLog2e);
-          s[nt][e] = p;
-          sum[e / 2] += p;
-        }
-        pa[nt / 2][2 * (nt % 2)] = bf16x2_pack_rn(s[nt][0], s[nt][1]);
-        pa[nt / 2][2 * (nt % 2) + 1] = bf16x2_pack_rn(s[nt][2], s[nt][3]);
-      }
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        sum[u] += __shfl_xor(sum[u], 1, 32);
-        sum[u] += __shfl_xor(sum[u], 2, 32);
-        l[u] = l[u] * alpha[u] + sum[u];
+        sees[u] = pr[u].sees_tile(j0);
+        if (sees[u]) f[u] = fold_tile(M[u], L[u], m[u], l[u]);
       }
 #pragma unroll
       for (int dt = 0; dt < kDimTiles; ++dt) {
+        float o[4];
+        mma_key_tile_output<kD>(sm[buf], pa, lane, dt, o);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e / 2];
-#pragma unroll
-        for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-          const uint16_t* vp = sm.vt[buf] + (8 * dt + gi) * Smem::kLdv + 16 * kk + 2 * ti;
-          const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(vp),
-                                 *reinterpret_cast<const uint32_t*>(vp + 8)};
-          mma_bf16_16x8x16(o[dt], pa[kk], b);
-        }
+        for (int e = 0; e < 4; ++e)
+          if (sees[e / 2]) O[dt][e] = fold_output(O[dt][e], o[e], f[e / 2]);
       }
     }
-    if (next) store(buf ^ 1);
+    if (next) staging.store(sm[buf ^ 1], t);
     __syncthreads();
   }
   if (!active) return;
@@ -949,16 +1043,99 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm)
     const MmaPair& pp = pr[u];
     if (!pp.valid) continue;
 #pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) {
-      const float x = o[dt][2 * u] / l[u], y = o[dt][2 * u + 1] / l[u];
-      const int64_t f = (int64_t(pp.r) * a.n_heads + pp.h) * kD + 8 * dt + 2 * ti;
-      *reinterpret_cast<float2*>(out + f) = make_float2(x, y);
-      if (out_split != nullptr) {
-        split_bf16x3_write1(x, out_split, f);
-        split_bf16x3_write1(y, out_split, f + 1);
-      }
-    }
+    for (int dt = 0; dt < kDimTiles; ++dt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        mma_write_output(O[dt][2 * u + c] / L[u], out, out_split,
+                         (int64_t(pp.r) * a.n_heads + pp.h) * kD + 8 * dt + 2 * ti + c);
   }
+}
+
+// The split kernels' workspace: per (row, head, key tile slot) the tile's o (kD floats), then m
+// and l. Slot i of a row is its key tile first / 64 + i.
+template <int kD>
+__device__ __forceinline__ float* mma_partial_at(float* partials, const AttentionShape& a, int r,
+                                                 int h, int max_tiles, int slot) {
+  return partials + ((int64_t(r) * a.n_heads + h) * max_tiles + slot) * (kD + 2);
+}
+
+// grid (max_tiles, nKV, B), kMmaThreads threads, rows that are each their own query tile: block
+// (i, kvh, r) computes the partials of key tile first / 64 + i for row r's heads of KV head kvh,
+// its g <= 16 pairs in every group's MMA rows: the scores and the softmax's m and l in every group
+// alike (group 0 writes them), the output's dimension tiles a quarter to each group.
+template <int kD>
+__global__ void __launch_bounds__(kMmaThreads)
+    bf16_attention_split(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
+                         int max_tiles, const float* __restrict__ q, float* __restrict__ scores,
+                         float* __restrict__ partials) {
+  static_assert(kD % 16 == 0 && kD <= 128);
+  constexpr int kDimTiles = kD / 8, kPerGroup = (kDimTiles + kMmaGroups - 1) / kMmaGroups;
+  __shared__ __align__(16) MmaTileSmem<kD> sm;
+  wait_for_previous_grid();  // launched to overlap the end of the kernel before (q_rope)
+  allow_next_grid_start();   // the merge may start; it waits for this grid
+  const int r = int(blockIdx.z), kvh = int(blockIdx.y), slot = int(blockIdx.x);
+  const int pos = rows[r].pos, first = first_visible_key(pos, a.window);
+  const int j0 = (first / kMmaKeys + slot) * kMmaKeys;
+  if (j0 > pos) return;  // block-uniform: past the row's last key tile
+  const int t = int(threadIdx.x), group = t / 32, lane = t % 32, gi = lane / 4, ti = lane % 4;
+  MmaKvStaging<kD> staging;
+  staging.fetch(kv, row_table(kv, a, rows[r]), a, kvh, j0, first, pos, t);
+  const MmaPair pr[2] = {mma_pair(a, rows, r, 1, kvh, gi), mma_pair(a, rows, r, 1, kvh, gi + 8)};
+  uint32_t qa[kD / 16][4];
+  mma_query<kD>(a, q, pr, ti, qa);
+  staging.store(sm, t);
+  __syncthreads();
+  float m[2], l[2];
+  uint32_t pa[kMmaKeys / 16][4];
+  mma_key_tile_probs<kD>(a, sm, qa, pr, j0, lane, group == 0 ? scores : nullptr, m, l, pa);
+#pragma unroll
+  for (int u = 0; u < kPerGroup; ++u) {
+    const int dt = group * kPerGroup + u;
+    if (dt >= kDimTiles) break;  // group-uniform
+    float o[4];
+    mma_key_tile_output<kD>(sm, pa, lane, dt, o);
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+      if (pr[w].valid)
+        *reinterpret_cast<float2*>(mma_partial_at<kD>(partials, a, r, pr[w].h, max_tiles, slot) +
+                                   8 * dt + 2 * ti) = make_float2(o[2 * w], o[2 * w + 1]);
+  }
+  if (group == 0 && ti == 0)
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+      if (pr[w].valid) {
+        float* part = mma_partial_at<kD>(partials, a, r, pr[w].h, max_tiles, slot);
+        part[kD] = m[w];
+        part[kD + 1] = l[w];
+      }
+}
+
+// grid (nH, B), kD threads: thread i folds dimension i of the row's key tiles' partials in tile
+// order from the sink (the same folds as bf16_attention_mma's) and writes out (and the split);
+// with `scores`, the keys before the row's first tile are masked and the sink column is the sink.
+template <int kD>
+__global__ void __launch_bounds__(kD)
+    bf16_attention_merge(AttentionShape a, const StepRow* __restrict__ rows, int max_tiles,
+                         const float* __restrict__ sinks, const float* __restrict__ partials,
+                         float* __restrict__ scores, float* __restrict__ out,
+                         uint32_t* __restrict__ out_split) {
+  wait_for_previous_grid();  // the split kernel's partials
+  allow_next_grid_start();   // o_proj may load its weights meanwhile
+  const int h = int(blockIdx.x), r = int(blockIdx.y), i = int(threadIdx.x);
+  const int pos = rows[r].pos, first = first_visible_key(pos, a.window);
+  const int tiles = pos / kMmaKeys - first / kMmaKeys + 1;
+  if (scores != nullptr) {
+    float* s_row = scores + rows[r].scores_offset + int64_t(h) * (pos + 2);
+    for (int j = i; j < first / kMmaKeys * kMmaKeys; j += kD) s_row[j] = -INFINITY;
+    if (i == 0) s_row[pos + 1] = sinks[h];
+  }
+  float M = sinks[h], L = 1.0f, O = 0.0f;
+  const float* part = partials + (int64_t(r) * a.n_heads + h) * max_tiles * (kD + 2);
+  for (int s = 0; s < tiles; ++s, part += kD + 2) {
+    const FoldFactors f = fold_tile(M, L, part[kD], part[kD + 1]);
+    O = fold_output(O, part[i], f);
+  }
+  mma_write_output(O / L, out, out_split, (int64_t(r) * a.n_heads + h) * kD + i);
 }
 
 void check_shape(const AttentionShape& a, const char* launcher) {
@@ -1093,10 +1270,19 @@ bool attention_mma_fuses(const AttentionShape& a, Precision precision) {
          (a.head_dim == 16 || a.head_dim == 32 || a.head_dim == 64) && g >= 1 && g <= kMmaMaxGroup;
 }
 
+bool attention_mma_splits(const AttentionShape& a, int batch, int max_pos, size_t workspace_floats,
+                          const QueryTiles& tiles) {
+  return attention_mma_fuses(a, Precision::bf16) && batch > 0 &&
+         (tiles.first == nullptr || tiles.count == batch) &&
+         attention_key_tiles(max_pos, a.window) > 1 &&
+         attention_partials_floats(a, batch, max_pos) <= workspace_floats;
+}
+
 void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
                                int batch, int max_pos, const float* q, const float* sinks,
                                float* scores, float* out, std::span<uint32_t> out_split,
-                               hipStream_t stream, const QueryTiles& tiles) {
+                               std::span<float> workspace, hipStream_t stream,
+                               const QueryTiles& tiles) {
   check_shape(a, "launch_bf16_attention_mma");
   check_kv(a, kv, "launch_bf16_attention_mma");
   PARITY_DEVICE_REQUIRE(
@@ -1105,11 +1291,14 @@ void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, c
   PARITY_DEVICE_REQUIRE(max_pos >= 0 && max_pos < a.max_context,
                         "launch_bf16_attention_mma: position ", max_pos, " outside the cache of ",
                         a.max_context);
-  PARITY_DEVICE_REQUIRE(
-      attention_mma_fuses(a, Precision::bf16) &&
-          (reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(out)) % 8 == 0,
-      "launch_bf16_attention_mma: ", a.n_heads / a.n_kv, " heads per KV head of dimension ",
-      a.head_dim, " (at most ", kMmaMaxGroup, " heads of 16, 32 or 64; q and out 8-byte aligned)");
+  PARITY_DEVICE_REQUIRE(attention_mma_fuses(a, Precision::bf16) &&
+                            (reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(out) |
+                             reinterpret_cast<uintptr_t>(workspace.data())) %
+                                    8 ==
+                                0,
+                        "launch_bf16_attention_mma: ", a.n_heads / a.n_kv,
+                        " heads per KV head of dimension ", a.head_dim, " (at most ", kMmaMaxGroup,
+                        " heads of 16, 32 or 64; q, out and the workspace 8-byte aligned)");
   if (!out_split.empty())
     PARITY_DEVICE_REQUIRE(
         attention_out_writes_split(a) &&
@@ -1117,13 +1306,27 @@ void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, c
         "launch_bf16_attention_mma: the output's split needs nH d (", a.n_heads, " x ", a.head_dim,
         ") a multiple of 32 and ", split_bf16x3_words(int64_t(batch) * a.n_heads * a.head_dim),
         " words; the scratch holds ", out_split.size());
+  uint32_t* const split = out_split.empty() ? nullptr : out_split.data();
   const bool tiled = tiles.first != nullptr && tiles.count > 0;
-  const dim3 grid(unsigned(tiled ? tiles.count : batch), unsigned(a.n_kv));
+  const bool by_keys = attention_mma_splits(a, batch, max_pos, workspace.size(), tiles);
+  const int max_tiles = attention_key_tiles(max_pos, a.window);
   const auto launch = [&]<int kD>() {
-    uint32_t* const split = out_split.empty() ? nullptr : out_split.data();
+    if (by_keys) {
+      HIP_CHECK(launch_programmatic(
+          &bf16_attention_split<kD>, dim3(unsigned(max_tiles), unsigned(a.n_kv), unsigned(batch)),
+          dim3(kMmaThreads), 0, stream, a, kv, rows, max_tiles, q, scores, workspace.data()));
+      HIP_LAUNCH_CHECK("bf16_attention_split", stream);
+      HIP_CHECK(launch_programmatic(
+          &bf16_attention_merge<kD>, dim3(unsigned(a.n_heads), unsigned(batch)), dim3(kD), 0,
+          stream, a, rows, max_tiles, sinks, workspace.data(), scores, out, split));
+      HIP_LAUNCH_CHECK("bf16_attention_merge", stream);
+      return;
+    }
+    const dim3 grid(unsigned(tiled ? tiles.count : batch), unsigned(a.n_kv));
     HIP_CHECK(launch_programmatic(&bf16_attention_mma<kD>, grid, dim3(kMmaThreads), 0, stream, a,
                                   kv, rows, tiled ? tiles.first : nullptr, q, sinks, scores, out,
                                   split));
+    HIP_LAUNCH_CHECK("bf16_attention_mma", stream);
   };
   if (a.head_dim == 16)
     launch.template operator()<16>();
@@ -1131,7 +1334,6 @@ void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, c
     launch.template operator()<32>();
   else
     launch.template operator()<64>();
-  HIP_LAUNCH_CHECK("bf16_attention_mma", stream);
 }
 
 void launch_f32_kv_cache_append(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,

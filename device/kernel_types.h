@@ -187,11 +187,37 @@ inline int attention_split_keys(int max_context) {
   const int per = (std::max(max_context, 1) + 63) / 64;
   return std::max(256, (per + 31) / 32 * 32);
 }
-// Floats of the split workspace for `batch` rows: [B][max splits][nH][d].
+// The bf16 precision's attention goes over the keys in tiles of this many, at fixed offsets.
+constexpr int kAttentionKeyTile = 64;
+// Key tiles a row at a position up to max_pos sees on a layer of the given window (0: every key):
+// every tile up to max_pos's, or the window's keys over at most ceil((window - 1) / 64) + 1.
+PARITY_HOST_DEVICE inline int attention_key_tiles(int max_pos, int window) {
+  const int all = max_pos / kAttentionKeyTile + 1;
+  const int windowed = (window + kAttentionKeyTile - 2) / kAttentionKeyTile + 1;
+  return window > 0 && windowed < all ? windowed : all;
+}
+// Floats of the bf16 decode kernel's partials for `batch` rows up to max_pos: (o, m, l) per row,
+// head and key tile (launch_bf16_attention_mma).
+inline size_t attention_partials_floats(const AttentionShape& a, int batch, int max_pos) {
+  return size_t(batch) * size_t(a.n_heads) * size_t(attention_key_tiles(max_pos, a.window)) *
+         size_t(a.head_dim + 2);
+}
+// At most this many floats of the workspace go to the bf16 partials (256 MiB): a step that needs
+// more folds its key tiles in one kernel instead, with the same bits.
+constexpr size_t kAttentionPartialsMaxFloats = size_t(64) << 20;
+// Floats of the attention workspace for `batch` rows: the float32 output kernel's split sums,
+// [B][max splits][nH][d], or the bf16 decode partials of every key tile of the context (full
+// attention: the window's need no more), up to kAttentionPartialsMaxFloats, whichever is more.
 inline size_t attention_workspace_floats(const AttentionShape& a, int batch) {
   const int split = attention_split_keys(a.max_context);
-  return size_t(batch) * size_t((a.max_context + split - 1) / split) * size_t(a.n_heads) *
-         size_t(a.head_dim);
+  const size_t sums = size_t(batch) * size_t((a.max_context + split - 1) / split) *
+                      size_t(a.n_heads) * size_t(a.head_dim);
+  AttentionShape full = a;
+  full.window = 0;
+  const size_t partials =
+      std::min(attention_partials_floats(full, batch, std::max(a.max_context - 1, 0)),
+               kAttentionPartialsMaxFloats);
+  return std::max(sums, partials);
 }
 
 }  // namespace parity::device

@@ -180,20 +180,27 @@ void launch_f32_attention_decode(const AttentionShape& a, const KvCacheView& kv,
                                  const float* sinks, float* scores, float* probs, float* out,
                                  std::span<uint32_t> out_split, hipStream_t stream);
 
-// The bf16 precision's attention: scores, softmax and output in one kernel, the products on BF16
-// MMA tiles (q, k, the probabilities and v each rounded once to BF16, float32 accumulation) and
-// the softmax online from the sink, flash-style (device/attention.hip spells the arithmetic). A
-// row's output has the same bits in every tiling -- alone (decode), in a prefill chunk's query
-// tiles, or with any other rows -- so where attention_mma_fuses holds (the bf16 precision, head_dim
-// 16, 32 or 64, at most 8 heads per KV head) it is every step's attention and a request's tokens
-// do not depend on its batch. out (B, nH d) and its split as launch_f32_attention_pv writes them;
-// `scores` (not null in a traced step) also receives the scores as launch_f32_attention_scores
-// lays them out, from which the softmax stage's kernel computes att.
+// The bf16 precision's attention: scores, softmax and output, the products on BF16 MMA tiles (q,
+// k, the probabilities and v each rounded once to BF16, float32 accumulation) and the softmax
+// flash-style over 64-key tiles at fixed offsets, each tile's partial folded in tile order from
+// the sink (device/attention.hip spells the arithmetic). Prefill chunks fold as they go in one
+// kernel; rows that are each their own query tile (decode) have their key tiles computed in
+// parallel, the partials in `workspace` and folded by a second kernel
+// (attention_mma_splits: when they fit, attention_partials_floats). A row's output has the same
+// bits either way and in every tiling -- alone, in a prefill chunk's query tiles, or with any
+// other rows -- so where attention_mma_fuses holds (the bf16 precision, head_dim 16, 32 or 64, at
+// most 8 heads per KV head) it is every step's attention and a request's tokens do not depend on
+// its batch. out (B, nH d) and its split as launch_f32_attention_pv writes them; `scores` (not
+// null in a traced step) also receives the scores as launch_f32_attention_scores lays them out,
+// from which the softmax stage's kernel computes att.
 bool attention_mma_fuses(const AttentionShape& a, Precision precision);
+bool attention_mma_splits(const AttentionShape& a, int batch, int max_pos, size_t workspace_floats,
+                          const QueryTiles& tiles = {});
 void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
                                int batch, int max_pos, const float* q, const float* sinks,
                                float* scores, float* out, std::span<uint32_t> out_split,
-                               hipStream_t stream, const QueryTiles& tiles = {});
+                               std::span<float> workspace, hipStream_t stream,
+                               const QueryTiles& tiles = {});
 
 // router: top-k of the logits g (B, E) (descending; ties: lowest expert index), then
 // w = softmax(g[idx]) over the k selected only. With select = false, idx is read (it was

@@ -114,7 +114,7 @@ void launch(DeviceRuntime& rt, Stage s, int layer, StageCall call, StaleRows sta
         // where a trace reads them.
         launch_bf16_attention_mma(a, kv, rows, B, max_pos, out(Stage::q_rope), L->sinks,
                                   call == StageCall::untraced ? nullptr : arena.scores(),
-                                  out(Stage::attn_out), out_split, st,
+                                  out(Stage::attn_out), out_split, arena.attention_workspace(), st,
                                   rt.step().device_query_tiles());
         if (split) rt.set_split_source(Stage::attn_out, layer);
         break;

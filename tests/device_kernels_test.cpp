@@ -883,12 +883,18 @@ class AttentionCase {
     traced_ = traced;
     return *this;
   }
+  // Whether the bf16 kernel is given the workspace for its decode rows' key-tile partials
+  // (attention_mma_splits); without it every row folds its key tiles in one kernel.
+  AttentionCase& by_keys(bool on) {
+    by_keys_ = on;
+    return *this;
+  }
   std::string describe() const {
     return fmt::format(
         "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={} tiled={} "
-        "fused={} mma={} traced={}",
+        "fused={} mma={} traced={} by_keys={}",
         heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_, fused_, mma_,
-        traced_);
+        traced_, by_keys_);
   }
   struct Result {
     std::vector<float> scores, probs, out;
@@ -970,7 +976,8 @@ class AttentionCase {
     DeviceBuffer drows = upload(rows), dq = upload(q), dsinks = upload(sinks), dk = upload(k_new),
                  dv = upload(v_new), dpool = upload(pool), dtables = upload(tables);
     const KvCacheView kv{dpool.as<float>(), dtables.as<int32_t>(), shift, slots};
-    DeviceBuffer ws(std::max<size_t>(1, attention_workspace_floats(a, B)) * sizeof(float));
+    const size_t ws_floats = attention_workspace_floats(a, B);
+    DeviceBuffer ws(std::max<size_t>(1, ws_floats) * sizeof(float));
     Output scores(static_cast<size_t>(total)), probs(static_cast<size_t>(total)),
         out(size_t(B) * heads_ * d_);
     const int max_pos = P - 1;
@@ -983,9 +990,16 @@ class AttentionCase {
     const bool split = split_ && attention_out_writes_split(a);
     const SplitScratch out_split(split ? int64_t(B) * heads_ * d_ : 0);
     if (mma_) {
+      const std::span<float> partials =
+          by_keys_ ? std::span<float>(ws.as<float>(), ws_floats) : std::span<float>{};
+      // The decode rows' key tiles go over blocks whenever the workspace is given and a row has
+      // more than one (the workspace is sized for every key tile of the context).
+      EXPECT_EQ(attention_mma_splits(a, B, max_pos, partials.size(), tiles),
+                by_keys_ && !(tiled_ && int(tile_first.size()) - 1 < B) &&
+                    attention_key_tiles(max_pos, window_) > 1);
       launch_bf16_attention_mma(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
                                 traced_ ? scores.ptr() : nullptr, out.ptr(), out_split.span(),
-                                nullptr, tiles);
+                                partials, nullptr, tiles);
       if (traced_) launch_f32_softmax_with_sink(heads_, dr, B, scores.ptr(), probs.ptr(), nullptr);
     } else if (fused_) {
       launch_f32_attention_decode(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
@@ -1067,7 +1081,8 @@ class AttentionCase {
 
  private:
   int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
-  bool split_ = true, tiled_ = false, fused_ = false, mma_ = false, traced_ = false;
+  bool split_ = true, tiled_ = false, fused_ = false, mma_ = false, traced_ = false,
+       by_keys_ = true;
 };
 
 // A case's shape as the tests list them, and its AttentionCase.
@@ -1250,26 +1265,38 @@ TEST_F(DeviceKernels, AttentionMmaAgainstTheReference) {
 
 TEST_F(DeviceKernels, AttentionMmaRowBitsDoNotDependOnTheTiles) {
   // The batch invariance of the bf16 precision's attention: a row's output (and, traced, its
-  // scores) has the same bits alone as in a prefill chunk's query tiles, traced or not, with the
-  // rows of a tile on both sides of a key tile's edge, across the window, at long positions.
+  // scores) has the same bits alone -- its key tiles over blocks and merged, or folded in one
+  // block -- as in a prefill chunk's query tiles, traced or not, with the rows of a tile on both
+  // sides of a key tile's edge, across the window, at long positions (66 key tiles).
   for (const AttentionCaseShape& s :
        std::initializer_list<AttentionCaseShape>{{4, 2, 16, 8, 0, 20, 1},
                                                  {8, 2, 32, 0, 250, 11, 1},
                                                  {8, 1, 64, 128, 690, 13, 1},
                                                  {64, 8, 64, 128, 300, 17, 1},
                                                  {64, 8, 64, 0, 1020, 9, 2},
-                                                 {4, 2, 16, 8, 10, 9, 2}}) {
+                                                 {4, 2, 16, 8, 10, 9, 2},
+                                                 {16, 2, 32, 0, 4200, 3, 2}}) {
     const auto one = attention_case(s);
     auto alone = one;
     const auto want = alone.mma(true).run();
+    auto folded = one;
+    const auto one_kernel = folded.mma(true).by_keys(false).run();
+    SCOPED_TRACE(folded.describe());
+    expect_same_bits(one_kernel, want);
     auto tiled = one;
     const auto got = tiled.mma(true).tiled(true).run();
     SCOPED_TRACE(tiled.describe());
     expect_same_bits(got, want);
+    for (const bool by_keys : {true, false}) {
+      auto untraced = one;
+      const auto bare = untraced.mma(true, false).by_keys(by_keys).run();
+      EXPECT_EQ(std::memcmp(bare.out.data(), want.out.data(), want.out.size() * 4), 0)
+          << "the untraced kernel's output differs from the traced one's, by_keys " << by_keys;
+    }
     auto untraced = one;
     const auto bare = untraced.mma(true, false).tiled(true).run();
     EXPECT_EQ(std::memcmp(bare.out.data(), want.out.data(), want.out.size() * 4), 0)
-        << "the untraced kernel's output differs from the traced one's";
+        << "the untraced tiled kernel's output differs from the traced one's";
   }
 }
 

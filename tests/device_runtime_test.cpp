@@ -485,7 +485,37 @@ TEST(ArenaLayout, SplitKeysBoundTheWorkspace) {
   a.n_heads = 64;
   a.head_dim = 64;
   a.max_context = 4096;
-  EXPECT_EQ(attention_workspace_floats(a, 2), size_t(2 * 16 * 64 * 64));
+  a.n_kv = 8;
+  // The bf16 decode partials of every key tile (64 of 64 keys) outweigh the float32 split sums
+  // (16 of 256 keys), whatever the window (the arena is sized for full attention) ...
+  EXPECT_EQ(attention_workspace_floats(a, 2), size_t(2 * 64 * 64 * 66));
+  a.window = 128;
+  EXPECT_EQ(attention_workspace_floats(a, 2), size_t(2 * 64 * 64 * 66));
+  EXPECT_EQ(attention_partials_floats(a, 2, 4095), size_t(2 * 64 * 3 * 66));
+  // ... up to their cap; beyond it the split sums are what the workspace holds.
+  EXPECT_EQ(attention_workspace_floats(a, 300), kAttentionPartialsMaxFloats);
+  EXPECT_EQ(attention_workspace_floats(a, 2000), size_t(2000 * 16 * 64 * 64));
+}
+
+TEST(ArenaLayout, KeyTilesOfTheWindow) {
+  // Tiles of 64 keys at fixed offsets: every tile up to the position's, or as many as the
+  // window's keys can straddle.
+  EXPECT_EQ(attention_key_tiles(0, 0), 1);
+  EXPECT_EQ(attention_key_tiles(63, 0), 1);
+  EXPECT_EQ(attention_key_tiles(64, 0), 2);
+  EXPECT_EQ(attention_key_tiles(4095, 0), 64);
+  EXPECT_EQ(attention_key_tiles(4095, 128), 3);
+  EXPECT_EQ(attention_key_tiles(100, 128), 2);
+  EXPECT_EQ(attention_key_tiles(4095, 64), 2);
+  EXPECT_EQ(attention_key_tiles(4095, 65), 2);
+  EXPECT_EQ(attention_key_tiles(4095, 66), 3);
+  EXPECT_EQ(attention_key_tiles(4095, 1), 1);
+  // Brute force: the tiles a window's keys touch at every start never exceed the bound.
+  for (int w = 1; w <= 200; ++w)
+    for (int first = 0; first < 128; ++first) {
+      const int last = first + w - 1;
+      EXPECT_LE(last / 64 - first / 64 + 1, attention_key_tiles(last, w)) << w << " " << first;
+    }
 }
 
 // ------------------------------------------------------------------------ weight plan ---

@@ -28,6 +28,7 @@ class ActivationArena {
   // Index stages (topk_idx, sampled) keep int32 rows in their slot.
   int32_t* index_out(Stage s) const { return act_.as<int32_t>(layout_.stage_offset[size_t(s)]); }
   float* workspace() const { return act_.as<float>(layout_.workspace_offset); }
+  std::span<float> attention_workspace() const { return {workspace(), layout_.workspace_floats}; }
   // Scratch of the MMA kernels (a projection's inputs split into BF16 parts), sized for rows()
   // rows: split_inputs() for every input but mlp2's (swiglu), which has split_expert_inputs().
   std::span<uint32_t> split_inputs() const {

@@ -55,7 +55,8 @@ ArenaLayout ArenaLayout::of(const Config& c, int rows, int max_context) {
   shape.n_kv = c.num_key_value_heads;
   shape.head_dim = c.head_dim;
   shape.max_context = max_context;
-  a.bytes = bytes + attention_workspace_floats(shape, rows) * sizeof(float);
+  a.workspace_floats = attention_workspace_floats(shape, rows);
+  a.bytes = bytes + a.workspace_floats * sizeof(float);
   return a;
 }
 

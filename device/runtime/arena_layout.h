@@ -40,7 +40,9 @@ struct ArenaLayout {
   size_t split_words = 0;
   size_t expert_split_offset = 0;
   size_t expert_split_words = 0;
+  // float scratch of the attention kernels (attention_workspace_floats in device/kernel_types.h).
   size_t workspace_offset = 0;
+  size_t workspace_floats = 0;
   size_t bytes = 0;
 
   static ArenaLayout of(const Config& c, int rows, int max_context);
