@@ -959,21 +959,22 @@ __device__ __forceinline__ void mma_write_output(float x, float* out, uint32_t* 
   if (out_split != nullptr) split_bf16x3_write1(x, out_split, f);
 }
 
-// grid (query tiles, nKV), kMmaThreads threads: the tile's pairs over their keys, folding each
-// key tile's partials as it goes; the next key tile's loads are in flight while the groups
-// compute the current one.
+// grid (query tiles from tile_offset, nKV), kMmaThreads threads: the tile's pairs over their keys,
+// folding each key tile's partials as it goes; the next key tile's loads are in flight while the
+// groups compute the current one.
 template <int kD>
 __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm)
     bf16_attention_mma(AttentionShape a, KvCacheView kv, const StepRow* __restrict__ rows,
-                       const int32_t* __restrict__ tile_first, const float* __restrict__ q,
-                       const float* __restrict__ sinks, float* __restrict__ scores,
-                       float* __restrict__ out, uint32_t* __restrict__ out_split) {
+                       const int32_t* __restrict__ tile_first, int tile_offset,
+                       const float* __restrict__ q, const float* __restrict__ sinks,
+                       float* __restrict__ scores, float* __restrict__ out,
+                       uint32_t* __restrict__ out_split) {
   static_assert(kD % 16 == 0 && kD <= 128);
   constexpr int kDimTiles = kD / 8;
   __shared__ __align__(16) MmaTileSmem<kD> sm[2];
   wait_for_previous_grid();  // launched to overlap the end of the kernel before (q_rope)
   allow_next_grid_start();   // o_proj may load its weights meanwhile
-  const int tile = int(blockIdx.x), kvh = int(blockIdx.y), g = a.n_heads / a.n_kv;
+  const int tile = int(blockIdx.x) + tile_offset, kvh = int(blockIdx.y), g = a.n_heads / a.n_kv;
   const int r0 = tile_first != nullptr ? tile_first[tile] : tile;
   const int n_rows = tile_first != nullptr ? tile_first[tile + 1] - r0 : 1;
   const int t = int(threadIdx.x), group = t / 32, lane = t % 32, ti = lane % 4;
@@ -1270,12 +1271,22 @@ bool attention_mma_fuses(const AttentionShape& a, Precision precision) {
          (a.head_dim == 16 || a.head_dim == 32 || a.head_dim == 64) && g >= 1 && g <= kMmaMaxGroup;
 }
 
+namespace {
+// The leading rows that are each their own query tile: every row of a decode step, the decode
+// rows ahead of a mixed step's prefill chunks.
+int rows_alone(int batch, const QueryTiles& tiles) {
+  return tiles.first == nullptr || tiles.count <= 0 || tiles.count == batch
+             ? batch
+             : std::min(tiles.singles, batch);
+}
+}  // namespace
+
 bool attention_mma_splits(const AttentionShape& a, int batch, int max_pos, size_t workspace_floats,
                           const QueryTiles& tiles) {
-  return attention_mma_fuses(a, Precision::bf16) && batch > 0 &&
-         (tiles.first == nullptr || tiles.count == batch) &&
+  const int alone = rows_alone(batch, tiles);
+  return attention_mma_fuses(a, Precision::bf16) && alone > 0 &&
          attention_key_tiles(max_pos, a.window) > 1 &&
-         attention_partials_floats(a, batch, max_pos) <= workspace_floats;
+         attention_partials_floats(a, alone, max_pos) <= workspace_floats;
 }
 
 void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
@@ -1308,25 +1319,34 @@ void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, c
         " words; the scratch holds ", out_split.size());
   uint32_t* const split = out_split.empty() ? nullptr : out_split.data();
   const bool tiled = tiles.first != nullptr && tiles.count > 0;
-  const bool by_keys = attention_mma_splits(a, batch, max_pos, workspace.size(), tiles);
+  PARITY_DEVICE_REQUIRE(!tiled || (tiles.count <= batch && tiles.singles <= tiles.count),
+                        "launch_bf16_attention_mma: ", tiles.count, " query tiles (", tiles.singles,
+                        " of one row ahead) for ", batch, " rows");
+  // The leading rows of a tile each (decode): their key tiles over blocks, merged, where the
+  // partials fit; the other query tiles fold theirs in one kernel.
+  const int alone = attention_mma_splits(a, batch, max_pos, workspace.size(), tiles)
+                        ? rows_alone(batch, tiles)
+                        : 0;
+  const int all_tiles = tiled ? tiles.count : batch;
   const int max_tiles = attention_key_tiles(max_pos, a.window);
   const auto launch = [&]<int kD>() {
-    if (by_keys) {
+    if (alone > 0) {  // rows 0 .. alone - 1, tiles 0 .. alone - 1
       HIP_CHECK(launch_programmatic(
-          &bf16_attention_split<kD>, dim3(unsigned(max_tiles), unsigned(a.n_kv), unsigned(batch)),
+          &bf16_attention_split<kD>, dim3(unsigned(max_tiles), unsigned(a.n_kv), unsigned(alone)),
           dim3(kMmaThreads), 0, stream, a, kv, rows, max_tiles, q, scores, workspace.data()));
       HIP_LAUNCH_CHECK("bf16_attention_split", stream);
       HIP_CHECK(launch_programmatic(
-          &bf16_attention_merge<kD>, dim3(unsigned(a.n_heads), unsigned(batch)), dim3(kD), 0,
+          &bf16_attention_merge<kD>, dim3(unsigned(a.n_heads), unsigned(alone)), dim3(kD), 0,
           stream, a, rows, max_tiles, sinks, workspace.data(), scores, out, split));
       HIP_LAUNCH_CHECK("bf16_attention_merge", stream);
-      return;
     }
-    const dim3 grid(unsigned(tiled ? tiles.count : batch), unsigned(a.n_kv));
-    HIP_CHECK(launch_programmatic(&bf16_attention_mma<kD>, grid, dim3(kMmaThreads), 0, stream, a,
-                                  kv, rows, tiled ? tiles.first : nullptr, q, sinks, scores, out,
-                                  split));
-    HIP_LAUNCH_CHECK("bf16_attention_mma", stream);
+    if (all_tiles > alone) {
+      const dim3 grid(unsigned(all_tiles - alone), unsigned(a.n_kv));
+      HIP_CHECK(launch_programmatic(&bf16_attention_mma<kD>, grid, dim3(kMmaThreads), 0, stream, a,
+                                    kv, rows, tiled ? tiles.first : nullptr, alone, q, sinks,
+                                    scores, out, split));
+      HIP_LAUNCH_CHECK("bf16_attention_mma", stream);
+    }
   };
   if (a.head_dim == 16)
     launch.template operator()<16>();

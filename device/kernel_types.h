@@ -112,7 +112,14 @@ inline constexpr int kQueryTileRows = 8;
 struct QueryTiles {
   const int32_t* first = nullptr;  // device, count + 1 entries
   int count = 0;
+  int singles = 0;  // leading tiles of one row each (tile t < singles is row t): decode rows
 };
+// The leading tiles of one row each of a step's tiles (`first`, count + 1 entries).
+inline int leading_single_tiles(const int32_t* first, int count) {
+  int n = 0;
+  while (n < count && first[n + 1] - first[n] == 1 && first[n] == n) ++n;
+  return n;
+}
 
 // The paged KV cache as the attention kernels see it. The pool is an array of blocks; a block
 // holds `block_size` consecutive positions of one sequence for every layer of one group:

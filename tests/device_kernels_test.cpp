@@ -889,12 +889,18 @@ class AttentionCase {
     by_keys_ = on;
     return *this;
   }
+  // The first n sequences decode: only their last row (position pos + rows - 1) is in the step,
+  // ahead of the other sequences' rows, as the engine's mixed steps order them.
+  AttentionCase& lead(int n) {
+    lead_ = n;
+    return *this;
+  }
   std::string describe() const {
     return fmt::format(
         "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={} tiled={} "
-        "fused={} mma={} traced={} by_keys={}",
+        "fused={} mma={} traced={} by_keys={} lead={}",
         heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_, fused_, mma_,
-        traced_, by_keys_);
+        traced_, by_keys_, lead_);
   }
   struct Result {
     std::vector<float> scores, probs, out;
@@ -915,11 +921,16 @@ class AttentionCase {
     a.kv_group = window_ > 0 ? kKvSlidingGroup : kKvFullGroup;
     a.kv_slot = slot;
     a.scale = float(1.0 / std::sqrt(double(d_)));
-    const int B = rows_ * seqs_;
-    std::vector<StepRow> rows(static_cast<size_t>(B));
-    std::vector<int32_t> positions;
+    // Each sequence's rows in the step: the first lead_ (decoding) only their last.
+    const auto first_row = [&](int s) { return s < lead_ ? rows_ - 1 : 0; };
+    std::vector<int32_t> positions, row_seq;
     for (int s = 0; s < seqs_; ++s)
-      for (int r = 0; r < rows_; ++r) positions.push_back(pos_ + r);
+      for (int r = first_row(s); r < rows_; ++r) {
+        positions.push_back(pos_ + r);
+        row_seq.push_back(s);
+      }
+    const int B = int(positions.size());
+    std::vector<StepRow> rows(static_cast<size_t>(B));
     std::vector<int64_t> offsets;
     int64_t total = 0;
     for (int r = 0; r < B; ++r) {
@@ -950,25 +961,27 @@ class AttentionCase {
     for (int s = 0; s < seqs_; ++s) {
       k_all.push_back(random_floats(rng, size_t(P) * kvd, -1, 1));
       v_all.push_back(random_floats(rng, size_t(P) * kvd, -2, 2));
-      // The positions before pos_ that the rows can see; this step's come from the append kernel.
+      // The positions before the step's rows that they can see; the step's come from the append
+      // kernel.
       const int32_t* table = tables.data() + s * per_seq;
-      for (int j = first_needed; j < pos_; ++j)
+      for (int j = first_needed; j < pos_ + first_row(s); ++j)
         for (int i = 0; i < kvd; ++i) {
           pool[size_t(kv_row_offset(host_kv, table, slot, 0, j, kvd) + i)] =
               k_all.back()[size_t(j) * kvd + i];
           pool[size_t(kv_row_offset(host_kv, table, slot, 1, j, kvd) + i)] =
               v_all.back()[size_t(j) * kvd + i];
         }
-      for (int r = 0; r < rows_; ++r) {
+      for (int r = first_row(s); r < rows_; ++r) {
         const size_t j = size_t(pos_ + r);
         k_new.insert(k_new.end(), k_all.back().begin() + long(j * kvd),
                      k_all.back().begin() + long((j + 1) * kvd));
         v_new.insert(v_new.end(), v_all.back().begin() + long(j * kvd),
                      v_all.back().begin() + long((j + 1) * kvd));
-        StepRow& row = rows[size_t(s * rows_ + r)];
+        const size_t b = k_new.size() / size_t(kvd) - 1;  // the row's index in the step
+        StepRow& row = rows[b];
         row.pos = pos_ + r;
         row.seq = s;
-        row.scores_offset = offsets[size_t(s * rows_ + r)];
+        row.scores_offset = offsets[b];
         row.kv_table[a.kv_group] = s * per_seq;
         row.kv_table[1 - a.kv_group] = nan_table;
       }
@@ -985,7 +998,9 @@ class AttentionCase {
     const std::vector<int32_t> tile_first = query_tiles(rows);
     DeviceBuffer dtiles = upload(tile_first);
     const QueryTiles tiles =
-        tiled_ ? QueryTiles{dtiles.as<int32_t>(), int(tile_first.size()) - 1} : QueryTiles{};
+        tiled_ ? QueryTiles{dtiles.as<int32_t>(), int(tile_first.size()) - 1,
+                            leading_single_tiles(tile_first.data(), int(tile_first.size()) - 1)}
+               : QueryTiles{};
     launch_f32_kv_cache_append(a, kv, dr, B, dk.as<float>(), dv.as<float>(), nullptr);
     const bool split = split_ && attention_out_writes_split(a);
     const SplitScratch out_split(split ? int64_t(B) * heads_ * d_ : 0);
@@ -994,9 +1009,9 @@ class AttentionCase {
           by_keys_ ? std::span<float>(ws.as<float>(), ws_floats) : std::span<float>{};
       // The decode rows' key tiles go over blocks whenever the workspace is given and a row has
       // more than one (the workspace is sized for every key tile of the context).
+      const int alone = tiled_ ? tiles.singles : B;
       EXPECT_EQ(attention_mma_splits(a, B, max_pos, partials.size(), tiles),
-                by_keys_ && !(tiled_ && int(tile_first.size()) - 1 < B) &&
-                    attention_key_tiles(max_pos, window_) > 1);
+                by_keys_ && alone > 0 && attention_key_tiles(max_pos, window_) > 1);
       launch_bf16_attention_mma(a, kv, dr, B, max_pos, dq.as<float>(), dsinks.as<float>(),
                                 traced_ ? scores.ptr() : nullptr, out.ptr(), out_split.span(),
                                 partials, nullptr, tiles);
@@ -1018,7 +1033,7 @@ class AttentionCase {
     const std::vector<double> sinks_d = to_double(sinks);
     const int g = heads_ / kv_;
     for (int b = 0; b < B; ++b) {
-      const int s = b / rows_, p = positions[size_t(b)], cols = p + 2;
+      const int s = row_seq[size_t(b)], p = positions[size_t(b)], cols = p + 2;
       const int first = window_ > 0 ? std::max(0, p - window_ + 1) : 0;
       std::vector<double> kd(size_t(p + 1) * kvd, std::nan("")), vd = kd;  // masked keys NaN
       for (int j = first; j <= p; ++j)
@@ -1083,6 +1098,7 @@ class AttentionCase {
   int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
   bool split_ = true, tiled_ = false, fused_ = false, mma_ = false, traced_ = false,
        by_keys_ = true;
+  int lead_ = 0;
 };
 
 // A case's shape as the tests list them, and its AttentionCase.
@@ -1297,6 +1313,40 @@ TEST_F(DeviceKernels, AttentionMmaRowBitsDoNotDependOnTheTiles) {
     const auto bare = untraced.mma(true, false).tiled(true).run();
     EXPECT_EQ(std::memcmp(bare.out.data(), want.out.data(), want.out.size() * 4), 0)
         << "the untraced tiled kernel's output differs from the traced one's";
+  }
+}
+
+TEST_F(DeviceKernels, AttentionMmaMixedStepRowBits) {
+  // A mixed step -- decoding rows ahead (each its own query tile, their key tiles over blocks)
+  // and prefill chunks after them (folded in one kernel) -- has every row's bits as when each row
+  // is alone, and as when every tile folds in one kernel: on both sides of the window, at long
+  // positions, traced and not, against the reference as well (run()).
+  struct Mixed {
+    AttentionCaseShape shape;
+    int lead;
+  };
+  for (const Mixed& m :
+       {Mixed{{8, 2, 32, 0, 250, 11, 2}, 1}, Mixed{{64, 8, 64, 128, 300, 17, 3}, 2},
+        Mixed{{4, 2, 16, 8, 10, 9, 3}, 2}, Mixed{{16, 2, 32, 0, 4200, 3, 3}, 2}}) {
+    for (const bool traced : {true, false}) {
+      auto one = attention_case(m.shape);
+      one.lead(m.lead).mma(true, traced);
+      auto alone = one;
+      const auto want = alone.run();
+      auto mixed = one;
+      const auto got = mixed.tiled(true).run();
+      SCOPED_TRACE(mixed.describe());
+      EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4), 0)
+          << "a mixed step's outputs differ from its rows' alone";
+      auto folded = one;
+      const auto one_kernel = folded.tiled(true).by_keys(false).run();
+      EXPECT_EQ(std::memcmp(one_kernel.out.data(), want.out.data(), want.out.size() * 4), 0)
+          << "a mixed step folded in one kernel differs from its rows' alone";
+      if (traced) {
+        expect_same_bits(got, want);
+        expect_same_bits(one_kernel, want);
+      }
+    }
   }
 }
 

@@ -385,6 +385,15 @@ TEST(StepLayout, QueryTilesAreRunsOfOneSequenceAtMostATileLong) {
   EXPECT_EQ(query_tiles(rows), (std::vector<int32_t>{0, 1, 2, 3}));
 }
 
+TEST(StepLayout, LeadingSingleTilesAreTheDecodeRowsAhead) {
+  // Tile t < singles is row t: a decode step's every row, a mixed step's decode rows ahead.
+  const std::vector<int32_t> decode{0, 1, 2, 3}, mixed{0, 1, 2, 10, 11, 14}, prefill{0, 8, 9};
+  EXPECT_EQ(leading_single_tiles(decode.data(), 3), 3);
+  EXPECT_EQ(leading_single_tiles(mixed.data(), 5), 2);  // the tile of row 10 is not ahead
+  EXPECT_EQ(leading_single_tiles(prefill.data(), 2), 0);
+  EXPECT_EQ(leading_single_tiles(decode.data(), 0), 0);
+}
+
 TEST(StepLayout, RowsAreThirtyTwoBytesForTheKernels) {
   EXPECT_EQ(sizeof(StepRow), 32u);
   EXPECT_EQ(offsetof(StepRow, scores_offset) % 8, 0u);

@@ -34,6 +34,10 @@ bool Step::upload(StepLayout layout, hipStream_t stream) {
   const size_t bytes = tiles_offset_ + layout.query_tiles.size() * sizeof(int32_t);
   HIP_CHECK(hipMemcpyAsync(dev_.as(), staging, bytes, hipMemcpyHostToDevice, stream));
   uploaded_.record(stream);
+  single_tiles_ =
+      layout.query_tiles.empty()
+          ? 0
+          : leading_single_tiles(layout.query_tiles.data(), int(layout.query_tiles.size()) - 1);
   host_ = std::move(layout);
   return grow;
 }

@@ -25,12 +25,14 @@ class Step {
   const int32_t* device_block_tables() const { return dev_.as<const int32_t>(tables_offset_); }
   // The attention kernels' query tiles (host().query_tiles, on the device).
   QueryTiles device_query_tiles() const {
-    return {dev_.as<const int32_t>(tiles_offset_), int(host_.query_tiles.size()) - 1};
+    return {dev_.as<const int32_t>(tiles_offset_), int(host_.query_tiles.size()) - 1,
+            single_tiles_};
   }
 
  private:
   StepLayout host_;
   size_t row_capacity_ = 0, table_capacity_ = 0, tables_offset_ = 0, tiles_offset_ = 0;
+  int single_tiles_ = 0;  // QueryTiles::singles of host_.query_tiles
   DeviceBuffer dev_;     // [rows][tables][query tiles], as pinned_
   PinnedBuffer pinned_;  // staging for the one copy
   Event uploaded_;       // the last copy out of pinned_

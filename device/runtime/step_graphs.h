@@ -23,7 +23,8 @@ namespace parity::device {
 struct StepShape {
   int rows = 0;
   int launch_max_pos = 0;
-  int query_tiles = 0;  // the attention grids' tiles (Step::device_query_tiles)
+  int query_tiles = 0;   // the attention grids' tiles (Step::device_query_tiles)
+  int single_tiles = 0;  // of which the leading ones of one row each (QueryTiles::singles)
   friend bool operator==(const StepShape&, const StepShape&) = default;
 };
 
