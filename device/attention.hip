@@ -723,11 +723,14 @@ __global__ void __launch_bounds__(kTiledThreads)
 // so two kernels compute it with the same bits:
 //   bf16_attention_mma    grid (query tiles, nKV): a block walks its keys a tile at a time and
 //                         folds as it goes (prefill chunks; decode where the partials do not fit)
-//   bf16_attention_split  grid (key tiles, nKV, B) for rows that are each their own query tile
-//                         (decode): a block computes one key tile's partials of one row's heads
+//   bf16_attention_split  grid (key tiles, nKV, rows) for the rows that are each their own query
+//                         tile (a decode step's, the decode rows ahead of a mixed step's prefill
+//                         chunks): a block computes one key tile's partials of one row's heads
 //                         and writes them to the workspace; bf16_attention_merge folds them.
 // A row's output has the same bits alone (decode), in a prefill chunk, with any other rows and in
-// either kernel, so the engine's batches do not change a request's tokens.
+// either kernel, so the engine's batches do not change a request's tokens. (The keys a pair does
+// not see add exact zero products in both -- staged as read in one, as zeros in the other -- so
+// only an output whose every product is zero could differ, in the sign of that zero.)
 // With `scores` (a traced step), the kernels also write each pair's scores as
 // launch_f32_attention_scores lays them out (the softmax stage then computes att from them).
 constexpr int kMmaKeys = kAttentionKeyTile;  // keys per tile (kernel_types.h)
