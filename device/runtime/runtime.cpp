@@ -151,10 +151,9 @@ int DeviceRuntime::launch_max_pos() const {
 StepGraphs::Launch DeviceRuntime::run_step(const std::function<void()>& launch) {
   forget_split();
   if (!options_.graphs || options_.sync_after_launch) return graphs_.direct(launch);
-  const StepGraphs::Launch how =
-      graphs_.run(StepShape{step_.rows(), launch_max_pos(), step_.device_query_tiles().count,
-                            step_.device_query_tiles().singles},
-                  stream_.get(), launch);
+  const QueryTiles tiles = step_.device_query_tiles();
+  const StepGraphs::Launch how = graphs_.run(
+      StepShape{step_.rows(), launch_max_pos(), tiles.count, tiles.singles}, stream_.get(), launch);
   // A replay leaves the host's record of the split scratches as it was; forgetting them is
   // always safe (a consumer then splits its input itself).
   if (how == StepGraphs::Launch::replayed) forget_split();
