@@ -19,6 +19,7 @@
 #include <climits>
 
 #include "device/device_math.h"
+#include "device/kv_access.h"
 #include "device/split_inputs.h"
 
 namespace parity::device {
@@ -49,11 +50,11 @@ __global__ void __launch_bounds__(kThreads)
   const int r = int(blockIdx.x);
   const int kv_dim = a.n_kv * a.head_dim;
   const int32_t* table = row_table(kv, a, rows[r]);
-  float* kc = kv.blocks + kv_row_offset(kv, table, a.kv_slot, 0, rows[r].pos, kv_dim);
-  float* vc = kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, rows[r].pos, kv_dim);
+  const int64_t kc = kv_row_offset(kv, table, a.kv_slot, 0, rows[r].pos, kv_dim);
+  const int64_t vc = kv_row_offset(kv, table, a.kv_slot, 1, rows[r].pos, kv_dim);
   for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x)) {
-    kc[t] = k[int64_t(r) * kv_dim + t];
-    vc[t] = v[int64_t(r) * kv_dim + t];
+    kv_store(kv, kc + t, k[int64_t(r) * kv_dim + t]);
+    kv_store(kv, vc + t, v[int64_t(r) * kv_dim + t]);
   }
 }
 
@@ -90,11 +91,12 @@ __global__ void __launch_bounds__(kThreads)
   // first) and is zeroed: every load is unconditional, so a thread's loads overlap.
   const int kv_dim = a.n_kv * d;
   const int32_t* table = row_table(kv, a, rows[r]);
-  const float* kc = kv.blocks + int64_t(kvh) * d;
+  const int64_t kc = int64_t(kvh) * d;
   for (int t = int(threadIdx.x); t < kScoreTile * d; t += int(blockDim.x)) {
     const int jj = t / d, i = t % d, j = j0 + jj;
     const bool visible = j < j_end && j >= first;
-    const float x = kc[kv_row_offset(kv, table, a.kv_slot, 0, visible ? j : pos, kv_dim) + i];
+    const float x =
+        kv_load(kv, kc + kv_row_offset(kv, table, a.kv_slot, 0, visible ? j : pos, kv_dim) + i);
     k_s[jj * (d + 1) + i] = visible ? x : 0.0f;
   }
   __syncthreads();
@@ -175,9 +177,9 @@ __global__ void __launch_bounds__(1024)
     for (int u = 0; u < kPvMaxQuads; ++u) {
       const int x = t + u * threads, jj = x / quads, c = x % quads;
       if (jj < n) {
-        const float* v =
-            kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j0 + jj, kv_dim) + int64_t(kvh) * d;
-        vq[u] = vec ? *reinterpret_cast<const float4*>(v + 4 * c) : float4{v[c], 0, 0, 0};
+        const int64_t v =
+            kv_row_offset(kv, table, a.kv_slot, 1, j0 + jj, kv_dim) + int64_t(kvh) * d;
+        vq[u] = vec ? kv_load4(kv, v + 4 * c) : float4{kv_load(kv, v + c), 0, 0, 0};
       }
     }
 #pragma unroll
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   const int64_t row0 = rows[r].scores_offset + int64_t(h0) * cols;  // head h0, column 0
   const int kv_dim = a.n_kv * kD;
   const int32_t* table = row_table(kv, a, rows[r]);
-  const float* kvbase = kv.blocks + int64_t(kvh) * kD;
+  const int64_t kvbase = int64_t(kvh) * kD;
   float* q_s = reinterpret_cast<float*>(smem4);  // [hb][kD]
   float* t_s = q_s + hb * kD;  // a tile: keys [kDecodeKeys][kD + 4] or values [kDecodeKeys][kD]
   float* s_s = t_s + kDecodeKeys * kLdk;  // scores, then probabilities [hb][ld]
@@ -313,8 +315,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
       const int x = t + u * kThreads, jj = x / kQuads, c = x % kQuads, j = j0 + jj;
       buf[u] = float4{0, 0, 0, 0};
       if (jj < kDecodeKeys && j >= first && j <= pos)
-        buf[u] = *reinterpret_cast<const float4*>(
-            kvbase + kv_row_offset(kv, table, a.kv_slot, slot, j, kv_dim) + 4 * c);
+        buf[u] =
+            kv_load4(kv, kvbase + kv_row_offset(kv, table, a.kv_slot, slot, j, kv_dim) + 4 * c);
     }
   };
   const auto store_tile = [&](const float4(&buf)[kLoads], int ldt) {
@@ -554,12 +556,12 @@ __global__ void __launch_bounds__(kTiledThreads)
   // Keys no row of the tile sees read the tile's last row's instead (always there) and are zeroed.
   const int kv_dim = a.n_kv * d;
   const int32_t* table = row_table(kv, a, rows[tr.r0]);
-  const float* kc = kv.blocks + int64_t(kvh) * d;
+  const int64_t kc = int64_t(kvh) * d;
   for (int x = t; x < kScoreTile * quads; x += threads) {
     const int jj = x / quads, c = x % quads, j = j0 + jj;
     const bool present = j >= tr.min_first && j <= tr.max_pos;
-    float4 v = *reinterpret_cast<const float4*>(
-        kc + kv_row_offset(kv, table, a.kv_slot, 0, present ? j : tr.max_pos, kv_dim) + 4 * c);
+    float4 v = kv_load4(
+        kv, kc + kv_row_offset(kv, table, a.kv_slot, 0, present ? j : tr.max_pos, kv_dim) + 4 * c);
     if (!present) v = float4{0, 0, 0, 0};
     *reinterpret_cast<float4*>(k_s + jj * ldk + 4 * c) = v;
   }
@@ -646,9 +648,8 @@ __global__ void __launch_bounds__(kTiledThreads)
   for (int j0 = j_begin; j0 < j_end; j0 += kPvTileKeys) {  // block-uniform
     const int n = min(kPvTileKeys, j_end - j0);
     for (int jj = v_first; jj < n; jj += v_step) {
-      const float* v = kv.blocks + kv_row_offset(kv, table, a.kv_slot, 1, j0 + jj, kv_dim) +
-                       int64_t(kvh) * d + 4 * c;
-      *reinterpret_cast<float4*>(v_s + jj * d + 4 * c) = *reinterpret_cast<const float4*>(v);
+      *reinterpret_cast<float4*>(v_s + jj * d + 4 * c) = kv_load4(
+          kv, kv_row_offset(kv, table, a.kv_slot, 1, j0 + jj, kv_dim) + int64_t(kvh) * d + 4 * c);
     }
     for (int x = t; x < pairs8 * kPvTileKeys; x += threads) {
       const int pair = x / kPvTileKeys, jj = x % kPvTileKeys, j = j0 + jj;
@@ -738,6 +739,7 @@ constexpr int kMmaGroups = 4;  // groups of 32 lanes, 16 pairs each
 constexpr int kMmaThreads = 32 * kMmaGroups;
 constexpr int kMmaBlocksPerSm = 2;  // the register budget's (3 spills 200 bytes)
 constexpr int kMmaMaxGroup = kMmaGroups * 16 / kQueryTileRows;  // g: a tile's pairs fit
+static_assert(kMmaMaxGroup == kAttentionMmaMaxGroup);
 // exp(x) as exp2(x log2 e): the probabilities are rounded to BF16 for the output's products,
 // 2^-8 relative, far above the few float32 ulps this costs (the softmax stage's att, traced,
 // is the softmax kernel's expf).
@@ -750,37 +752,41 @@ struct MmaTileSmem {
   uint16_t vt[kD * kLdv];                                   // [dimension][key]
 };
 
-// A key tile's keys and values on their way to shared memory: fetch() loads them into registers
-// (the block's kMmaThreads threads, 16 bytes each; keys outside [lo, hi] read as zero, never a
-// released block's nor a not yet written one's), store() writes them rounded to BF16, values
-// transposed.
+// A key tile's keys and values on their way to shared memory, from the BF16 cache
+// (kv_cache_dtype: the append rounded them): fetch() loads them into registers (the block's
+// kMmaThreads threads, eight elements each, 16 bytes; keys outside [lo, hi] read as zero, never a
+// released block's nor a not yet written one's), store() writes them, values transposed.
 template <int kD>
 struct MmaKvStaging {
-  static constexpr int kQuads = kD / 4;
-  static constexpr int kKLoads = (kMmaKeys * kQuads + kMmaThreads - 1) / kMmaThreads;
-  static constexpr int kVLoads = (kMmaKeys / 2 * kQuads + kMmaThreads - 1) / kMmaThreads;
-  float4 kr[kKLoads], vr[kVLoads][2];
+  static constexpr int kOcts = kD / 8;  // 16-byte loads per key row
+  static constexpr int kKLoads = (kMmaKeys * kOcts + kMmaThreads - 1) / kMmaThreads;
+  // Values go a pair of keys to a lane, a warp's 32 pairs of one oct at a time: the transposed
+  // stores of a warp then fall in 32 different banks.
+  static constexpr int kPairs = kMmaKeys / 2;
+  static constexpr int kVLoads = (kPairs * kOcts + kMmaThreads - 1) / kMmaThreads;
+  uint4 kr[kKLoads], vr[kVLoads][2];
 
   __device__ __forceinline__ void fetch(const KvCacheView& kv, const int32_t* table,
                                         const AttentionShape& a, int kvh, int j0, int lo, int hi,
                                         int t) {
     const int kvd = a.n_kv * kD;
+    const uint16_t* cache = static_cast<const uint16_t*>(kv.blocks);
     const auto row_of = [&](int which, int j, int c) {
-      if (j < lo || j > hi) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      return *reinterpret_cast<const float4*>(
-          kv.blocks + kv_row_offset(kv, table, a.kv_slot, which, j, kvd) + kvh * kD + 4 * c);
+      if (j < lo || j > hi) return make_uint4(0u, 0u, 0u, 0u);
+      return *reinterpret_cast<const uint4*>(
+          cache + kv_row_offset(kv, table, a.kv_slot, which, j, kvd) + kvh * kD + 8 * c);
     };
 #pragma unroll
     for (int u = 0; u < kKLoads; ++u) {
       const int i = t + u * kMmaThreads;
-      if (i < kMmaKeys * kQuads) kr[u] = row_of(0, j0 + i / kQuads, i % kQuads);
+      if (i < kMmaKeys * kOcts) kr[u] = row_of(0, j0 + i / kOcts, i % kOcts);
     }
 #pragma unroll
     for (int u = 0; u < kVLoads; ++u) {
       const int i = t + u * kMmaThreads;
-      if (i < kMmaKeys / 2 * kQuads) {
-        vr[u][0] = row_of(1, j0 + 2 * (i / kQuads), i % kQuads);
-        vr[u][1] = row_of(1, j0 + 2 * (i / kQuads) + 1, i % kQuads);
+      if (i < kPairs * kOcts) {
+        vr[u][0] = row_of(1, j0 + 2 * (i % kPairs), i / kPairs);
+        vr[u][1] = row_of(1, j0 + 2 * (i % kPairs) + 1, i / kPairs);
       }
     }
   }
@@ -790,21 +796,22 @@ struct MmaKvStaging {
 #pragma unroll
     for (int u = 0; u < kKLoads; ++u) {
       const int i = t + u * kMmaThreads;
-      if (i < kMmaKeys * kQuads)
-        *reinterpret_cast<uint2*>(&sm.k[(i / kQuads) * Smem::kLdk + 4 * (i % kQuads)]) =
-            make_uint2(bf16x2_pack_rn(kr[u].x, kr[u].y), bf16x2_pack_rn(kr[u].z, kr[u].w));
+      if (i < kMmaKeys * kOcts)
+        *reinterpret_cast<uint4*>(&sm.k[(i / kOcts) * Smem::kLdk + 8 * (i % kOcts)]) = kr[u];
     }
 #pragma unroll
     for (int u = 0; u < kVLoads; ++u) {
       const int i = t + u * kMmaThreads;
-      if (i < kMmaKeys / 2 * kQuads) {
-        const int jj = 2 * (i / kQuads), c = i % kQuads;
-        const float4 v0 = vr[u][0], v1 = vr[u][1];
-        uint32_t* at = reinterpret_cast<uint32_t*>(&sm.vt[(4 * c) * Smem::kLdv + jj]);
-        at[0 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.x, v1.x);
-        at[1 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.y, v1.y);
-        at[2 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.z, v1.z);
-        at[3 * Smem::kLdv / 2] = bf16x2_pack_rn(v0.w, v1.w);
+      if (i < kPairs * kOcts) {
+        const int jj = 2 * (i % kPairs), c = i / kPairs;
+        const uint32_t v0[4] = {vr[u][0].x, vr[u][0].y, vr[u][0].z, vr[u][0].w};
+        const uint32_t v1[4] = {vr[u][1].x, vr[u][1].y, vr[u][1].z, vr[u][1].w};
+        uint32_t* at = reinterpret_cast<uint32_t*>(&sm.vt[(8 * c) * Smem::kLdv + jj]);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {  // dimensions 8 c + 2 w (low halves), 8 c + 2 w + 1 (high)
+          at[(2 * w) * Smem::kLdv / 2] = (v0[w] & 0xffffu) | (v1[w] << 16);
+          at[(2 * w + 1) * Smem::kLdv / 2] = (v0[w] >> 16) | (v1[w] & 0xffff0000u);
+        }
       }
     }
   }
@@ -1268,12 +1275,6 @@ void launch_f32_attention_decode(const AttentionShape& a, const KvCacheView& kv,
   HIP_LAUNCH_CHECK("f32_attention_decode", stream);
 }
 
-bool attention_mma_fuses(const AttentionShape& a, Precision precision) {
-  const int g = a.n_kv > 0 ? a.n_heads / a.n_kv : 0;
-  return precision == Precision::bf16 &&
-         (a.head_dim == 16 || a.head_dim == 32 || a.head_dim == 64) && g >= 1 && g <= kMmaMaxGroup;
-}
-
 namespace {
 // The leading rows that are each their own query tile: every row of a decode step, the decode
 // rows ahead of a mixed step's prefill chunks.
@@ -1299,6 +1300,9 @@ void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, c
                                const QueryTiles& tiles) {
   check_shape(a, "launch_bf16_attention_mma");
   check_kv(a, kv, "launch_bf16_attention_mma");
+  PARITY_DEVICE_REQUIRE(kv.dtype == KvDtype::bf16,
+                        "launch_bf16_attention_mma: the KV cache is float32 (kv_cache_dtype: BF16 "
+                        "for the bf16 precision's MMA attention)");
   PARITY_DEVICE_REQUIRE(
       rows != nullptr && q != nullptr && sinks != nullptr && out != nullptr && batch > 0,
       "launch_bf16_attention_mma: null pointer or empty batch");

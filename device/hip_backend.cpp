@@ -17,7 +17,9 @@
 #include "device/hip_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <bitset>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -141,7 +143,8 @@ void HipBackend::check_row(const char* what, Stage s, int layer, int row) const 
 }
 
 // The paged cache's rows of one layer, block by block (KvLayout: [slot][K, V][position in
-// block][kv_dim] float32 per block); a block a sliding layer released reads as zeros.
+// block][kv_dim] per block, float32 or BF16, widened exactly); a block a sliding layer released
+// reads as zeros.
 std::optional<KvRows> HipBackend::cache_rows(int seq, int layer, int first, int count) {
   const KvCachePool& kv = rt_.kv();
   const KvLayout& L = kv.layout();
@@ -151,25 +154,39 @@ std::optional<KvRows> HipBackend::cache_rows(int seq, int layer, int first, int 
          first + count - 1, seq, layer, kv.blocks().length(seq));
   const int g = L.group_of_layer[size_t(layer)], slot = L.slot_of_layer[size_t(layer)];
   const size_t bs = size_t(L.block_size), kvd = size_t(L.kv_dim);
+  const size_t elem = size_t(kv_dtype_bytes(L.dtype));
   const std::span<const int32_t> table = kv.blocks().table(seq, g);
   KvRows r;
   r.count = count;
   r.k.assign(size_t(count) * kvd, 0.0);
   r.v.assign(size_t(count) * kvd, 0.0);
-  std::vector<float> block(2 * bs * kvd);
+  std::vector<unsigned char> block(2 * bs * kvd * elem);
+  const auto element = [&](size_t i) -> double {
+    if (L.dtype == KvDtype::bf16) {
+      uint16_t b;
+      std::memcpy(&b, block.data() + i * 2, 2);
+      return double(std::bit_cast<float>(uint32_t(b) << 16));
+    }
+    float f;
+    std::memcpy(&f, block.data() + i * 4, 4);
+    return double(f);
+  };
   const hipStream_t st = rt_.stream();
   for (int b = first >> L.block_shift; b <= (first + count - 1) >> L.block_shift && count > 0; ++b) {
     const int32_t id = table[size_t(b)];
     if (id == kNoBlock) continue;
-    const float* src = kv.data() + size_t(id) * L.block_floats() + size_t(slot) * 2 * bs * kvd;
-    HIP_CHECK(hipMemcpyAsync(block.data(), src, block.size() * sizeof(float), hipMemcpyDeviceToHost, st));
+    const auto* src = static_cast<const unsigned char*>(kv.data()) +
+                      (size_t(id) * L.block_elements() + size_t(slot) * 2 * bs * kvd) * elem;
+    HIP_CHECK(hipMemcpyAsync(block.data(), src, block.size(), hipMemcpyDeviceToHost, st));
     HIP_CHECK(hipStreamSynchronize(st));
     for (size_t i = 0; i < bs; ++i) {
       const int64_t pos = int64_t(b) * int64_t(bs) + int64_t(i);
       if (pos < first || pos >= first + count) continue;
       const size_t at = size_t(pos - first) * kvd;
-      std::copy_n(block.data() + i * kvd, kvd, r.k.begin() + long(at));
-      std::copy_n(block.data() + (bs + i) * kvd, kvd, r.v.begin() + long(at));
+      for (size_t e = 0; e < kvd; ++e) {
+        r.k[at + e] = element(i * kvd + e);
+        r.v[at + e] = element((bs + i) * kvd + e);
+      }
     }
   }
   return r;

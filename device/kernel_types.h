@@ -19,9 +19,11 @@ namespace parity::device {
 //   fp32  exact: each float32 input split into three BF16 parts that sum to it (hi, mid, lo),
 //         three products per weight, float32 accumulation (the traced default)
 //   bf16  each input rounded once to BF16, to nearest even (the hi part alone): one product per
-//         weight, float32 accumulation, as production engines feed the tensor cores
-// Everything else (norms, RoPE, attention, the router, sums, the GEMV of F16/F32 weights) runs in
-// float32 in both.
+//         weight, float32 accumulation, as production engines feed the tensor cores; the
+//         attention's products on BF16 MMA tiles too (q, k, the probabilities and v rounded
+//         once: attention_mma_fuses), its KV cache BF16 (kv_cache_dtype)
+// Everything else (norms, RoPE, the softmax, the router, sums, the GEMV of F16/F32 weights) runs
+// in float32 in both.
 enum class Precision : int { fp32, bf16 };
 // The split parts a product of `p` uses.
 PARITY_HOST_DEVICE constexpr int precision_parts(Precision p) {
@@ -121,19 +123,28 @@ inline int leading_single_tiles(const int32_t* first, int count) {
   return n;
 }
 
+// The element type of the paged KV cache: float32, or BF16 (the bits of a float32 rounded to
+// nearest even) where every reader rounds keys and values to BF16 anyway -- the bf16 precision's
+// MMA attention (kv_cache_dtype) -- which halves the bytes a decode step reads.
+enum class KvDtype : int { f32, bf16 };
+PARITY_HOST_DEVICE constexpr int kv_dtype_bytes(KvDtype t) {
+  return t == KvDtype::bf16 ? 2 : 4;
+}
+
 // The paged KV cache as the attention kernels see it. The pool is an array of blocks; a block
 // holds `block_size` consecutive positions of one sequence for every layer of one group:
-//   [block][slot (the layer's place in its group)][K, V][position in block][nKV d]  float
+//   [block][slot (the layer's place in its group)][K, V][position in block][nKV d]  dtype
 // A sequence's block table (per group) maps logical block j / block_size to a physical block;
 // released or never-allocated entries are -1 and are never read (they hold no visible key).
 struct KvCacheView {
-  float* blocks = nullptr;
+  void* blocks = nullptr;
   const int32_t* block_tables = nullptr;  // the step's tables (StepRow::kv_table offsets)
   int block_shift = 0;                    // block_size = 1 << block_shift positions
   int slots = 0;                          // layer slots per block (the largest group)
+  KvDtype dtype = KvDtype::f32;
 };
 
-// Element offset in KvCacheView::blocks of position j's row (kv_dim floats) of layer slot
+// Element offset in KvCacheView::blocks of position j's row (kv_dim elements) of layer slot
 // `slot`, keys (which = 0) or values (1), for a sequence whose group block table is `table`.
 PARITY_HOST_DEVICE inline int64_t kv_row_offset(const KvCacheView& kv, const int32_t* table,
                                                 int slot, int which, int j, int kv_dim) {
@@ -151,6 +162,25 @@ struct AttentionShape {
   int kv_slot = 0;      // the layer's slot in its group's blocks
   float scale = 0;      // 1 / sqrt(head_dim)
 };
+
+// Whether the bf16 precision's MMA attention (launch_bf16_attention_mma, device/kernels.h) is a
+// layer's every-step attention: the bf16 precision, head_dim 16, 32 or 64, at most
+// kAttentionMmaMaxGroup query heads per KV head.
+constexpr int kAttentionMmaMaxGroup = 8;
+PARITY_HOST_DEVICE inline bool attention_mma_fuses(const AttentionShape& a, Precision precision) {
+  const int g = a.n_kv > 0 ? a.n_heads / a.n_kv : 0;
+  return precision == Precision::bf16 &&
+         (a.head_dim == 16 || a.head_dim == 32 || a.head_dim == 64) && g >= 1 &&
+         g <= kAttentionMmaMaxGroup;
+}
+// The KV cache's dtype for layers of shape `a` (every layer of a model has the same heads):
+// BF16 where the MMA attention is every step's, which rounds each key and value to BF16 as it
+// reads them -- the cache holding them rounded gives it the same bits from half the bytes (the
+// float32 kernels that recompute a traced stage then read the same rounded values); float32
+// otherwise.
+PARITY_HOST_DEVICE inline KvDtype kv_cache_dtype(const AttentionShape& a, Precision precision) {
+  return attention_mma_fuses(a, precision) ? KvDtype::bf16 : KvDtype::f32;
+}
 
 // Sampling parameters of one row (launch_f32_sample), as engine/sampler.h defines them:
 // greedy when temperature <= 0 or top_k == 1; top_k 0 and top_p >= 1 turn the cuts off. The

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "device/device_math.h"
+#include "device/kv_access.h"
 
 namespace parity::device {
 namespace {
@@ -18,7 +19,8 @@ constexpr int kRopeThreads = 256;
 // grid (B, ceil((nH + nKV) / heads_per_block) + 1): block y rotates heads y hpb .. y hpb + hpb - 1
 // of q then k, one (head, i) pair per thread (its angle's cos and sin computed once); the last
 // block of the row copies v. With `append`, the k heads and v also go to the row's KV-cache rows
-// (the cache's K(pos) and V(pos) of the layer's slot, as f32_kv_cache_append writes them).
+// (the cache's K(pos) and V(pos) of the layer's slot, in its dtype, as f32_kv_cache_append writes
+// them).
 __global__ void __launch_bounds__(kRopeThreads)
     f32_qkv_split_yarn_rope(const float* __restrict__ qkv, const StepRow* __restrict__ rows,
                             int n_heads, int n_kv, int head_dim, int heads_per_block,
@@ -32,18 +34,18 @@ __global__ void __launch_bounds__(kRopeThreads)
   const int qkv_dim = (n_heads + 2 * n_kv) * head_dim;
   const int kv_dim = n_kv * head_dim;
   const float* src = qkv + int64_t(r) * qkv_dim;
-  // The row's K(pos) (which = 0) or V(pos) (1) in the cache.
+  // Element offset of the row's K(pos) (which = 0) or V(pos) (1) in the cache.
   const auto cache_row = [&](int which) {
     const int32_t* table = kv.block_tables + rows[r].kv_table[a.kv_group];
-    return kv.blocks + kv_row_offset(kv, table, a.kv_slot, which, rows[r].pos, kv_dim);
+    return kv_row_offset(kv, table, a.kv_slot, which, rows[r].pos, kv_dim);
   };
   if (int(blockIdx.y) + 1 == int(gridDim.y)) {  // v
     const float* vsrc = src + (n_heads + n_kv) * head_dim;
-    float* vc = append ? cache_row(1) : nullptr;
+    const int64_t vc = append ? cache_row(1) : 0;
     for (int t = int(threadIdx.x); t < kv_dim; t += int(blockDim.x)) {
       const float x = vsrc[t];
       v[int64_t(r) * kv_dim + t] = x;
-      if (append) vc[t] = x;
+      if (append) kv_store(kv, vc + t, x);
     }
     return;
   }
@@ -63,9 +65,9 @@ __global__ void __launch_bounds__(kRopeThreads)
     out[i] = y1;
     out[i + half] = y2;
     if (append && head >= n_heads) {
-      float* kc = cache_row(0) + (head - n_heads) * head_dim;
-      kc[i] = y1;
-      kc[i + half] = y2;
+      const int64_t kc = cache_row(0) + (head - n_heads) * head_dim;
+      kv_store(kv, kc + i, y1);
+      kv_store(kv, kc + i + half, y2);
     }
   }
 }

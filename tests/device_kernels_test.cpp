@@ -770,7 +770,8 @@ class RopeCase {
     expect_close(v.fetch(), wv, {{0.0}, 0.0, 0.0}, "v");
 
     // With the KV append: the same outputs, and the cache rows the append kernel writes of them
-    // (a paged cache of blocks of two positions in shuffled order, NaN elsewhere, slot 1 of 2).
+    // (a paged cache of blocks of two positions in shuffled order, NaN elsewhere, slot 1 of 2),
+    // in either dtype: the BF16 cache holds the float32 cache's values rounded to nearest even.
     AttentionShape a;
     a.n_heads = heads_, a.n_kv = kv_, a.head_dim = d_, a.max_context = pos_ + rows_ + 2;
     a.kv_group = kKvSlidingGroup, a.kv_slot = 1;
@@ -778,27 +779,58 @@ class RopeCase {
     std::vector<int32_t> table(static_cast<size_t>(blocks));
     for (int b = 0; b < blocks; ++b) table[size_t(b)] = (b * 7 + 3) % blocks;
     for (auto& row : rows) row.kv_table[a.kv_group] = 0;
-    const std::vector<float> pool(size_t(blocks) * 2 * 2 * 2 * kv_ * d_, kNaN);
-    DeviceBuffer dtable = upload(table), pool_a = upload(pool), pool_b = upload(pool),
-                 drows2 = upload(rows);
-    const KvCacheView kv_a{pool_a.as<float>(), dtable.as<int32_t>(), 1, 2};
-    const KvCacheView kv_b{pool_b.as<float>(), dtable.as<int32_t>(), 1, 2};
-    Output q2(size_t(rows_) * heads_ * d_), k2(size_t(rows_) * kv_ * d_),
-        v2(size_t(rows_) * kv_ * d_);
-    const KvAppend append{a, kv_a};
-    launch_f32_qkv_split_yarn_rope(dqkv.as<float>(), drows2.as<StepRow>(), rows_, heads_, kv_, d_,
-                                   dinv.as<float>(), float(rope.concentration), q2.ptr(), k2.ptr(),
-                                   v2.ptr(), &append, nullptr);
-    launch_f32_kv_cache_append(a, kv_b, drows2.as<StepRow>(), rows_, k2.ptr(), v2.ptr(), nullptr);
-    for (const auto& [one, two, what] :
-         {std::tuple{&q, &q2, "q"}, {&k, &k2, "k"}, {&v, &v2, "v"}}) {
-      const std::vector<float> x = one->fetch(), y = two->fetch();
-      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << what << " with the append";
+    const size_t elements = size_t(blocks) * 2 * 2 * 2 * kv_ * d_;
+    DeviceBuffer dtable = upload(table), drows2 = upload(rows);
+    std::vector<float> f32_cache;
+    for (const KvDtype dtype : {KvDtype::f32, KvDtype::bf16}) {
+      SCOPED_TRACE(dtype == KvDtype::bf16 ? "bf16 cache" : "f32 cache");
+      const size_t bytes = elements * size_t(kv_dtype_bytes(dtype));
+      std::vector<unsigned char> nan_pool(bytes);
+      for (size_t i = 0; i < elements; ++i) {
+        if (dtype == KvDtype::bf16) {
+          const uint16_t b = float_to_bf16(kNaN);
+          std::memcpy(nan_pool.data() + 2 * i, &b, 2);
+        } else {
+          std::memcpy(nan_pool.data() + 4 * i, &kNaN, 4);
+        }
+      }
+      DeviceBuffer pool_a = upload(nan_pool), pool_b = upload(nan_pool);
+      const KvCacheView kv_a{pool_a.as(), dtable.as<int32_t>(), 1, 2, dtype};
+      const KvCacheView kv_b{pool_b.as(), dtable.as<int32_t>(), 1, 2, dtype};
+      Output q2(size_t(rows_) * heads_ * d_), k2(size_t(rows_) * kv_ * d_),
+          v2(size_t(rows_) * kv_ * d_);
+      const KvAppend append{a, kv_a};
+      launch_f32_qkv_split_yarn_rope(dqkv.as<float>(), drows2.as<StepRow>(), rows_, heads_, kv_, d_,
+                                     dinv.as<float>(), float(rope.concentration), q2.ptr(),
+                                     k2.ptr(), v2.ptr(), &append, nullptr);
+      launch_f32_kv_cache_append(a, kv_b, drows2.as<StepRow>(), rows_, k2.ptr(), v2.ptr(), nullptr);
+      for (const auto& [one, two, what] :
+           {std::tuple{&q, &q2, "q"}, {&k, &k2, "k"}, {&v, &v2, "v"}}) {
+        const std::vector<float> x = one->fetch(), y = two->fetch();
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << what << " with the append";
+      }
+      std::vector<unsigned char> got(bytes), want(bytes);
+      HIP_CHECK(hipMemcpy(got.data(), pool_a.as(), bytes, hipMemcpyDeviceToHost));
+      HIP_CHECK(hipMemcpy(want.data(), pool_b.as(), bytes, hipMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << "the KV cache rows";
+      if (dtype == KvDtype::f32) {
+        f32_cache.resize(elements);
+        std::memcpy(f32_cache.data(), got.data(), bytes);
+        continue;
+      }
+      int written = 0;
+      for (size_t i = 0; i < elements; ++i) {
+        uint16_t b;
+        std::memcpy(&b, got.data() + 2 * i, 2);
+        if (std::isnan(f32_cache[i])) {
+          EXPECT_TRUE(std::isnan(bf16_to_float(b))) << "element " << i;
+          continue;
+        }
+        ++written;
+        EXPECT_EQ(b, float_to_bf16(f32_cache[i])) << "element " << i;
+      }
+      EXPECT_EQ(written, 2 * rows_ * kv_ * d_);  // every K and V element of the step's rows
     }
-    std::vector<float> got(pool.size()), want(pool.size());
-    HIP_CHECK(hipMemcpy(got.data(), pool_a.as(), pool.size() * 4, hipMemcpyDeviceToHost));
-    HIP_CHECK(hipMemcpy(want.data(), pool_b.as(), pool.size() * 4, hipMemcpyDeviceToHost));
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), pool.size() * 4), 0) << "the KV cache rows";
   }
 
  private:
@@ -895,12 +927,16 @@ class AttentionCase {
     lead_ = n;
     return *this;
   }
+  AttentionCase& bf16_cache(bool on = true) {  // the float32 kernels over a BF16 cache
+    bf16_cache_ = on;
+    return *this;
+  }
   std::string describe() const {
     return fmt::format(
         "attention heads={} kv={} d={} window={} positions {}..{} sequences={} block={} tiled={} "
-        "fused={} mma={} traced={} by_keys={} lead={}",
+        "fused={} mma={} traced={} by_keys={} lead={} bf16_cache={}",
         heads_, kv_, d_, window_, pos_, pos_ + rows_ - 1, seqs_, block_, tiled_, fused_, mma_,
-        traced_, by_keys_, lead_);
+        traced_, by_keys_, lead_, mma_ || bf16_cache_);
   }
   struct Result {
     std::vector<float> scores, probs, out;
@@ -956,6 +992,12 @@ class AttentionCase {
     const int32_t nan_table = int32_t(tables.size());
     tables.insert(tables.end(), size_t(per_seq), nan_block);
     KvCacheView host_kv{nullptr, tables.data(), shift, slots};
+    // The MMA kernel reads a BF16 cache (kv_cache_dtype); the float32 kernels either. The
+    // expected values are computed from the keys and values the cache holds.
+    const KvDtype dtype = mma_ || bf16_cache_ ? KvDtype::bf16 : KvDtype::f32;
+    const auto cached = [&](float x) {
+      return dtype == KvDtype::bf16 ? bf16_to_float(float_to_bf16(x)) : x;
+    };
     std::vector<float> pool(size_t(n_blocks) * slots * 2 * block_ * kvd, kNaN);
     std::vector<float> k_new, v_new;
     for (int s = 0; s < seqs_; ++s) {
@@ -986,9 +1028,14 @@ class AttentionCase {
         row.kv_table[1 - a.kv_group] = nan_table;
       }
     }
+    std::vector<uint16_t> pool_bf16;
+    if (dtype == KvDtype::bf16)
+      for (const float x : pool) pool_bf16.push_back(float_to_bf16(x));
     DeviceBuffer drows = upload(rows), dq = upload(q), dsinks = upload(sinks), dk = upload(k_new),
-                 dv = upload(v_new), dpool = upload(pool), dtables = upload(tables);
-    const KvCacheView kv{dpool.as<float>(), dtables.as<int32_t>(), shift, slots};
+                 dv = upload(v_new),
+                 dpool = dtype == KvDtype::bf16 ? upload(pool_bf16) : upload(pool),
+                 dtables = upload(tables);
+    const KvCacheView kv{dpool.as(), dtables.as<int32_t>(), shift, slots, dtype};
     const size_t ws_floats = attention_workspace_floats(a, B);
     DeviceBuffer ws(std::max<size_t>(1, ws_floats) * sizeof(float));
     Output scores(static_cast<size_t>(total)), probs(static_cast<size_t>(total)),
@@ -1038,8 +1085,8 @@ class AttentionCase {
       std::vector<double> kd(size_t(p + 1) * kvd, std::nan("")), vd = kd;  // masked keys NaN
       for (int j = first; j <= p; ++j)
         for (int i = 0; i < kvd; ++i) {
-          kd[size_t(j) * kvd + i] = k_all[size_t(s)][size_t(j) * kvd + i];
-          vd[size_t(j) * kvd + i] = v_all[size_t(s)][size_t(j) * kvd + i];
+          kd[size_t(j) * kvd + i] = cached(k_all[size_t(s)][size_t(j) * kvd + i]);
+          vd[size_t(j) * kvd + i] = cached(v_all[size_t(s)][size_t(j) * kvd + i]);
         }
       const std::vector<double> qd(q.begin() + long(size_t(b) * heads_ * d_),
                                    q.begin() + long(size_t(b + 1) * heads_ * d_));
@@ -1097,7 +1144,7 @@ class AttentionCase {
  private:
   int heads_ = 4, kv_ = 2, d_ = 16, window_ = 0, pos_ = 0, rows_ = 1, seqs_ = 1, block_ = 4;
   bool split_ = true, tiled_ = false, fused_ = false, mma_ = false, traced_ = false,
-       by_keys_ = true;
+       by_keys_ = true, bf16_cache_ = false;
   int lead_ = 0;
 };
 
@@ -1239,6 +1286,32 @@ TEST_F(DeviceKernels, AttentionQueryTilesGiveTheOneRowBits) {
     const auto got = tiled.run();
     SCOPED_TRACE(tiled.describe());
     expect_same_bits(got, want);
+  }
+}
+
+TEST_F(DeviceKernels, AttentionFloatKernelsOverABf16Cache) {
+  // The bf16 precision's cache (BF16 keys and values) under the float32 kernels that recompute a
+  // traced stage: against the reference of the keys and values it holds, within the float32
+  // tolerances, and the stage kernels, the decode kernel and the query tiles with the same bits
+  // from it -- the window, several sequences, a prefill chunk's tiles, the real shape.
+  for (const AttentionCaseShape& s :
+       std::initializer_list<AttentionCaseShape>{{4, 2, 16, 8, 9, 1, 2},
+                                                 {8, 2, 32, 0, 255, 3, 1},
+                                                 {64, 8, 64, 128, 300, 1, 20},
+                                                 {64, 8, 64, 0, 1023, 1, 1},
+                                                 {64, 8, 64, 128, 300, 17, 1}}) {
+    auto stages = attention_case(s);
+    stages.bf16_cache();
+    const auto want = stages.run();
+    auto tiled = stages;
+    tiled.tiled(true);
+    SCOPED_TRACE(tiled.describe());
+    expect_same_bits(tiled.run(), want);
+    if (s.rows == 1) {
+      auto fused = stages;
+      fused.fused(true);
+      expect_same_bits(fused.run(), want);
+    }
   }
 }
 

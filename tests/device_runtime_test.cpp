@@ -113,6 +113,28 @@ TEST(KvLayout, TwentyBBlockIsOneAndAHalfMiB) {
   EXPECT_EQ(k.blocks_per_sequence(4096, 64), 128 + 7);
 }
 
+TEST(KvLayout, TheBf16PrecisionsCacheIsBf16WhereItsAttentionReadsBf16) {
+  // The 20b's heads (64 of 64 over 8 KV heads) take the bf16 precision's MMA attention: its
+  // cache is BF16, a block half the bytes; the fp32 precision's stays float32.
+  const Config c = synth_preset("20b").config;
+  EXPECT_EQ(kv_cache_dtype(c, Precision::bf16), KvDtype::bf16);
+  EXPECT_EQ(kv_cache_dtype(c, Precision::fp32), KvDtype::f32);
+  const KvLayout f = KvLayout::of(c, 32), b = KvLayout::of(c, 32, KvDtype::bf16);
+  EXPECT_EQ(b.block_elements(), f.block_elements());
+  EXPECT_EQ(2 * b.block_bytes(), f.block_bytes());
+  EXPECT_EQ(b.blocks_per_sequence(4096, 64), f.blocks_per_sequence(4096, 64));
+  // Shapes the MMA attention does not take keep a float32 cache in either precision: a head of
+  // 48, more than 8 query heads per KV head.
+  Config odd = c;
+  odd.head_dim = 48;
+  EXPECT_EQ(kv_cache_dtype(odd, Precision::bf16), KvDtype::f32);
+  odd = c;
+  odd.num_key_value_heads = 4;  // 16 per KV head
+  EXPECT_EQ(kv_cache_dtype(odd, Precision::bf16), KvDtype::f32);
+  EXPECT_EQ(kv_dtype_name(KvDtype::bf16), "bf16");
+  EXPECT_EQ(kv_dtype_name(KvDtype::f32), "f32");
+}
+
 TEST(KvLayout, ModelWithoutSlidingLayersHasOneGroup) {
   Config c = tiny_config();
   c.layer_is_sliding.assign(size_t(c.num_hidden_layers), false);
@@ -318,7 +340,7 @@ TEST(KvBlockManager, EveryCachedRowHasItsOwnPlaceInThePool) {
   KvBlockManager kv(layout, 40, 64);
   for (int p = 0; p < 20; ++p) kv.begin_step(join(rows_of(0, p, 1), rows_of(1, p, 1)), c);
   std::set<int64_t> seen;
-  const int64_t pool_floats = int64_t(kv.num_blocks()) * int64_t(layout.block_floats());
+  const int64_t pool_floats = int64_t(kv.num_blocks()) * int64_t(layout.block_elements());
   for (int seq : {0, 1})
     for (int l = 0; l < c.num_hidden_layers; ++l) {
       const int g = layout.group_of_layer[size_t(l)];

@@ -66,6 +66,23 @@ TEST(ServingLimits, The20bOnAnH100GetsTheReferenceRunsLimits) {
   EXPECT_LE(k20bWeights + l.activation_bytes + l.kv_bytes, kH100Free);
 }
 
+TEST(ServingLimits, TheBf16PrecisionsCacheHoldsTwiceTheBlocks) {
+  // The same budget in blocks of BF16 (0.75 MiB): twice the blocks, within one, and twice the
+  // sequences; the step and the batch as in float32.
+  const Config c = synth_preset("20b").config;
+  ServingMemory m = h100(k20bWeights);
+  const ServingLimits f = size_serving_limits(c, m);
+  m.precision = Precision::bf16;
+  const ServingLimits b = size_serving_limits(c, m);
+  const size_t block = KvLayout::of(c, 32, KvDtype::bf16).block_bytes();
+  EXPECT_EQ(block, size_t(768) * 1024);
+  EXPECT_EQ(b.kv_blocks, int(double(b.budget_bytes - b.activation_bytes) * 0.9 / double(block)));
+  EXPECT_NEAR(b.kv_blocks, 2 * f.kv_blocks, 1);
+  EXPECT_NEAR(b.nominal_sequences, 2 * f.nominal_sequences, 1);
+  EXPECT_EQ(b.step_tokens, f.step_tokens);
+  EXPECT_EQ(b.max_batch, f.max_batch);
+}
+
 TEST(ServingLimits, The120bOnAnH100TakesASmallerStepAndTheSequencesItsCacheHolds) {
   const Config c = synth_preset("120b").config;
   const ServingLimits l = size_serving_limits(c, h100(k120bWeights));

@@ -237,6 +237,7 @@ device::ServingLimits device_limits(const RunFlags& f, const Model& m, const Pla
   s.kv_bytes = kv_bytes;
   s.step_tokens = f.step_tokens_given ? f.step_tokens : 0;
   s.max_batch = f.max_batch_given ? f.max_batch : 0;
+  s.precision = f.precision;
   if (where.group > 1) {
     const int rows = std::max(s.step_tokens, s.max_batch) > 0 ? std::max(s.step_tokens, s.max_batch)
                                                               : device::kServingMaxStepTokens;

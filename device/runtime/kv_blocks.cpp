@@ -11,13 +11,26 @@ constexpr int32_t kPending =
     -2;  // in a planned table: a block still to be taken from the free list
 }
 
-KvLayout KvLayout::of(const Config& c, int block_size) {
+KvDtype kv_cache_dtype(const Config& c, Precision precision) {
+  AttentionShape a;
+  a.n_heads = c.num_attention_heads;
+  a.n_kv = c.num_key_value_heads;
+  a.head_dim = c.head_dim;
+  return kv_cache_dtype(a, precision);
+}
+
+std::string_view kv_dtype_name(KvDtype t) {
+  return t == KvDtype::bf16 ? "bf16" : "f32";
+}
+
+KvLayout KvLayout::of(const Config& c, int block_size, KvDtype dtype) {
   if (block_size < 1 || block_size > (1 << 16) || (block_size & (block_size - 1)) != 0)
     fail("KV cache: block size {} must be a power of two from 1 to 65536", block_size);
   KvLayout k;
   k.block_size = block_size;
   while ((1 << k.block_shift) < block_size) ++k.block_shift;
   k.kv_dim = c.kv_dim();
+  k.dtype = dtype;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int g = c.sliding(l) && c.sliding_window > 0 ? kKvSlidingGroup : kKvFullGroup;
     k.group_of_layer.push_back(g);
@@ -28,7 +41,7 @@ KvLayout KvLayout::of(const Config& c, int block_size) {
   return k;
 }
 
-size_t KvLayout::block_floats() const {
+size_t KvLayout::block_elements() const {
   return size_t(slots) * 2 * size_t(block_size) * size_t(kv_dim);
 }
 

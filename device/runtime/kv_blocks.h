@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "device/kernel_types.h"
@@ -19,24 +20,29 @@ namespace parity::device {
 
 inline constexpr int32_t kNoBlock = -1;  // a block-table entry with no block behind it
 
+// The cache's dtype for model `c` computed in `precision` (kv_cache_dtype of its layers' shape).
+KvDtype kv_cache_dtype(const Config& c, Precision precision);
+std::string_view kv_dtype_name(KvDtype t);  // "f32", "bf16"
+
 // Layers are grouped by attention kind: the full-attention layers (group 0) and the sliding-
 // window layers (group 1) each page their own blocks, so a sliding layer keeps only its window.
 // A block holds block_size positions of one sequence for every layer of one group (`slots`
 // layer slots: the larger group's layer count), keys and values:
-//   [slot][K, V][position in block][kv_dim] float32.
+//   [slot][K, V][position in block][kv_dim] of `dtype` (float32, or BF16: kv_cache_dtype).
 struct KvLayout {
   int block_size = 0, block_shift = 0;
   int kv_dim = 0;
+  KvDtype dtype = KvDtype::f32;
   int window = 0;  // of the sliding group; 0 when the model has no sliding layer
   int slots = 0;
   std::array<int, kKvGroups> layers_in_group{};
   std::vector<int> group_of_layer, slot_of_layer;
 
   // Throws unless block_size is a power of two.
-  static KvLayout of(const Config& c, int block_size);
+  static KvLayout of(const Config& c, int block_size, KvDtype dtype = KvDtype::f32);
 
-  size_t block_floats() const;
-  size_t block_bytes() const { return block_floats() * sizeof(float); }
+  size_t block_elements() const;
+  size_t block_bytes() const { return block_elements() * size_t(kv_dtype_bytes(dtype)); }
   int blocks_for(int positions) const;  // blocks covering positions [0, positions)
   // Blocks one sequence holds at most with up to max_context positions, written in steps of up
   // to step_rows rows: every block on full layers; on sliding layers the window plus one step.

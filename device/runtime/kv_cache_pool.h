@@ -22,11 +22,13 @@ class KvCachePool {
   const KvBlockManager& blocks() const { return blocks_; }
   const KvLayout& layout() const { return blocks_.layout(); }
   size_t bytes() const { return pool_.bytes(); }
-  float* data() const { return pool_.as<float>(); }
+  // The blocks, elements of layout().dtype.
+  void* data() const { return pool_.as<void>(); }
 
   // The kernels' view, with the block tables of the current step (device memory).
   KvCacheView view(const int32_t* step_block_tables) const {
-    return {pool_.as<float>(), step_block_tables, layout().block_shift, layout().slots};
+    return {pool_.as<void>(), step_block_tables, layout().block_shift, layout().slots,
+            layout().dtype};
   }
 
  private:

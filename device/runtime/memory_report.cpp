@@ -33,7 +33,7 @@ MemoryReport MemoryReport::plan(const DeviceOptions& o, const Config& c, int max
     r.arena_bytes += size_t(shard->degree) * sizeof(float) *
                      size_t(shard_join_floats(c, shard->degree, o.arena_rows, kShardJoinRows));
   r.scores_bytes = device::scores_bytes(scores_floats_for_one_row(c, max_context));
-  r.kv = KvLayout::of(c, o.kv_block_size);
+  r.kv = KvLayout::of(c, o.kv_block_size, kv_cache_dtype(c, o.precision));
   if (shard != nullptr) r.kv.kv_dim = shard->kv_heads.size() * c.head_dim;  // its KV heads
   r.max_context = max_context;
   r.sequence_blocks = r.kv.blocks_per_sequence(max_context, o.arena_rows);
@@ -73,15 +73,15 @@ std::string MemoryReport::text() const {
       "device runtime on {}: {} free of {}\n"
       "{}"
       "  weights      {} ({})\n"
-      "  KV cache     {}: {} blocks of {} positions x {} layers x {} x K,V x f32 ({} each); a "
+      "  KV cache     {}: {} blocks of {} positions x {} layers x {} x K,V x {} ({} each); a "
       "sequence of {} positions holds up to {} blocks ({}): room for {}\n"
       "  activations  {} for {} rows per step, scores/att {} (both grow with the step)\n"
       "  total        {}\n",
       device, format_bytes(free_bytes), format_bytes(total_bytes), rank_line,
       format_bytes(weights_bytes), by_kind, format_bytes(kv_bytes()), kv_blocks, kv.block_size,
-      kv.slots, kv.kv_dim, format_bytes(kv.block_bytes()), max_context, sequence_blocks, groups,
-      sequences(), format_bytes(arena_bytes), arena_rows, format_bytes(scores_bytes),
-      format_bytes(need()));
+      kv.slots, kv.kv_dim, kv_dtype_name(kv.dtype), format_bytes(kv.block_bytes()), max_context,
+      sequence_blocks, groups, sequences(), format_bytes(arena_bytes), arena_rows,
+      format_bytes(scores_bytes), format_bytes(need()));
 }
 
 std::string MemoryReport::refusal(const std::string& model_name) const {

@@ -184,6 +184,7 @@ nlohmann::json DeviceRuntime::facts() const {
   f["kv_block_size"] = kv_->layout().block_size;
   f["kv_blocks"] = kv_->blocks().num_blocks();
   f["kv_bytes"] = kv_->bytes();
+  f["kv_dtype"] = std::string(kv_dtype_name(kv_->layout().dtype));
   f["step_graphs"] = options_.graphs && !options_.sync_after_launch;
   f["precision"] = std::string(precision_name(options_.precision));
   if (shard_) {

@@ -41,7 +41,7 @@ ServingLimits size_serving_limits(const Config& c, const ServingMemory& m) {
   const int rows = rows_of(l.step_tokens);
   l.activation_bytes = step_activation_bytes(c, rows, m.max_context);
 
-  const KvLayout kv = KvLayout::of(c, m.kv_block_size);
+  const KvLayout kv = KvLayout::of(c, m.kv_block_size, kv_cache_dtype(c, m.precision));
   const size_t block = kv.block_bytes();
   size_t blocks = 0;
   if (m.kv_bytes > 0) {

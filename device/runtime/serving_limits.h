@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <string>
 
+#include "device/kernel_types.h"
 #include "model/config.h"
 
 namespace parity::device {
@@ -38,6 +39,7 @@ struct ServingMemory {
   size_t kv_bytes = 0;  // the pool asked for (--kv-memory); 0: the free fraction
   int step_tokens = 0;  // given (--step-tokens); 0: sized
   int max_batch = 0;    // given (--max-batch); 0: sized
+  Precision precision = Precision::fp32;  // the KV cache's dtype follows it (kv_cache_dtype)
 };
 
 struct ServingLimits {
