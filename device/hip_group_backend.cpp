@@ -81,6 +81,7 @@ nlohmann::json HipGroupBackend::facts() const {
 
 void HipGroupBackend::with_rank(int r, const std::function<void(Backend&)>& fn) {
   PARITY_CHECK(r >= 0 && r < degree(), "with_rank({}) of a group of {}", r, degree());
+  fetched_.reset();  // fn may change anything on the rank
   on_ranks([&](int rank) {
     if (rank == r) fn(*ranks_[size_t(r)]);
   });
@@ -90,6 +91,7 @@ StageData HipGroupBackend::read(Stage s, int layer, int row) {
   const int n = degree(), pos = position(row);
   std::vector<StageData> rows(ranks_.size());
   std::vector<std::optional<StageData>> parts(ranks_.size());
+  fetched_.reset();
   on_ranks([&](int r) {
     rows[size_t(r)] = ranks_[size_t(r)]->read(s, layer, row);
     if (is_reduced(s)) parts[size_t(r)] = ranks_[size_t(r)]->own_partial(s, layer, row);
@@ -149,10 +151,12 @@ StageData HipGroupBackend::read(Stage s, int layer, int row) {
   d.dims = stage_dims(c_, s, pos);
   d.f32 = std::move(g.row);
   d.shards = std::move(shards);
+  fetched_ = Fetched{s, layer, row, std::move(rows), std::move(parts)};  // for partials()
   return d;
 }
 
 void HipGroupBackend::write(Stage s, int layer, int row, const StageData& data) {
+  fetched_.reset();
   const int n = degree();
   (void)position(row);
   std::vector<StageData> parts(ranks_.size(), data);
@@ -182,14 +186,20 @@ void HipGroupBackend::write(Stage s, int layer, int row, const StageData& data) 
 }
 
 std::vector<StageData> HipGroupBackend::partials(Stage s, int layer, int row) {
+  const bool fetched =
+      fetched_.has_value() && fetched_->s == s && fetched_->layer == layer && fetched_->row == row;
   if (s == Stage::mlp2 && plans_[0].experts_split == ExpertSplit::by_intermediate) {
-    std::vector<StageData> rows(ranks_.size());  // each rank's row is its partial sum
+    if (fetched) return fetched_->rows;  // each rank's row is its partial sum
+    std::vector<StageData> rows(ranks_.size());
     on_ranks([&](int r) { rows[size_t(r)] = ranks_[size_t(r)]->read(s, layer, row); });
     return rows;
   }
   if (!is_reduced(s)) return {};
   std::vector<std::optional<StageData>> parts(ranks_.size());
-  on_ranks([&](int r) { parts[size_t(r)] = ranks_[size_t(r)]->own_partial(s, layer, row); });
+  if (fetched)
+    parts = fetched_->parts;
+  else
+    on_ranks([&](int r) { parts[size_t(r)] = ranks_[size_t(r)]->own_partial(s, layer, row); });
   std::vector<StageData> out;
   for (auto& p : parts) {
     if (!p) return {};

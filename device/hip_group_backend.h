@@ -14,10 +14,12 @@
 //          intermediate columns), the row on rank 0 and zeros on the others, whose all-reduce then
 //          gives the written row.
 //   partials  each rank's partial sum of o_proj and moe_out as it entered the all-reduce, and
-//          its row of mlp2 (a partial sum, which moe_out adds up on each rank).
+//          its row of mlp2 (a partial sum, which moe_out adds up on each rank): those read() of
+//          the same row fetched, when nothing ran or was written since (a tracer asks for both).
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -41,13 +43,16 @@ class HipGroupBackend final : public Backend {
   const Config& config() const override { return c_; }
 
   void begin_step(const Batch& b) override {
+    fetched_.reset();
     on_ranks([&](int r) { ranks_[size_t(r)]->begin_step(b); });
     batch_ = b;
   }
   void run(Stage s, int layer) override {
+    fetched_.reset();
     on_ranks([&](int r) { ranks_[size_t(r)]->run(s, layer); });
   }
   bool run_step() override {
+    fetched_.reset();
     on_ranks([&](int r) { ranks_[size_t(r)]->run_step(); });
     return true;
   }
@@ -55,6 +60,7 @@ class HipGroupBackend final : public Backend {
   void write(Stage s, int layer, int row, const StageData& data) override;
   std::vector<StageData> partials(Stage s, int layer, int row) override;
   void reset() override {
+    fetched_.reset();
     on_ranks([&](int r) { ranks_[size_t(r)]->reset(); });
   }
   std::optional<KvRows> cache_rows(int seq, int layer, int first, int count) override;
@@ -77,11 +83,24 @@ class HipGroupBackend final : public Backend {
   std::vector<StageShard> layouts(Stage s, int layer, int row) {
     std::vector<int32_t> topk;
     if (info(s).scope == Scope::Expert)
-      with_rank(0, [&](Backend& b) { topk = b.read(Stage::topk_idx, layer, row).i32; });
+      on_ranks([&](int r) {
+        if (r == 0) topk = ranks_[0]->read(Stage::topk_idx, layer, row).i32;
+      });
     std::vector<StageShard> out;
     for (const ShardPlan& p : plans_) out.push_back(stage_shard(s, c_, p, topk, position(row)));
     return out;
   }
+
+  // What the last read() fetched from the ranks for a row: each rank's row and, for an
+  // all-reduced stage, its partial sum; partials() of that row takes them instead of copying
+  // them from the devices again. Forgotten by every call that runs or writes anything.
+  struct Fetched {
+    Stage s;
+    int layer = 0, row = 0;
+    std::vector<StageData> rows;
+    std::vector<std::optional<StageData>> parts;
+  };
+  std::optional<Fetched> fetched_;
 
   const Config& c_;
   RankGroup group_;  // outlives the ranks, which use its communicators

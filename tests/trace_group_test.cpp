@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "model/forward.h"
 #include "model/lockstep.h"
 #include "tests/test_util.h"
 #include "tools/common.h"
@@ -214,6 +215,41 @@ struct BugCase {
   const char* name;
   int layer;  // where it is planted (and blamed; the logits' at model scope)
 };
+
+TEST_F(TraceGroup, PartialsAfterAReadAreTheOnesItFetched) {
+  // A tracer reads a row and then asks for its partial sums: they come from what the read
+  // fetched, the same bits as fetched afresh before the read; a write forgets them (mlp2's then
+  // the written row on rank 0 and zeros), for o_proj, mlp2 and moe_out of every layer.
+  auto g = group(device::Precision::bf16);
+  const Config& c = g->config();
+  g->begin_step(Batch::single(kTokens[0], 0));
+  int checked = 0;
+  walk_graph(c, [&](int layer, Stage s) {
+    g->run(s, layer);
+    if (s != Stage::o_proj && s != Stage::mlp2 && s != Stage::moe_out) return;
+    const std::vector<StageData> fresh = g->partials(s, layer, 0);
+    ASSERT_EQ(fresh.size(), 2u) << name(s) << " layer " << layer;
+    const StageData row = g->read(s, layer, 0);
+    ASSERT_TRUE(row.shards.has_value());
+    EXPECT_TRUE(row.shards->problem.empty()) << row.shards->problem;
+    const std::vector<StageData> kept = g->partials(s, layer, 0);
+    g->write(s, layer, 0, row);
+    const std::vector<StageData> after_write = g->partials(s, layer, 0);
+    ASSERT_EQ(kept.size(), 2u);
+    ASSERT_EQ(after_write.size(), 2u);
+    for (size_t r = 0; r < 2; ++r)
+      EXPECT_EQ(kept[r].f32, fresh[r].f32) << name(s) << " layer " << layer << " rank " << r;
+    if (s == Stage::mlp2) {  // a written partial sum: the row on rank 0, zeros on rank 1
+      EXPECT_EQ(after_write[0].f32, row.f32) << "layer " << layer;
+      EXPECT_EQ(after_write[1].f32, std::vector<float>(row.f32.size(), 0.0f)) << "layer " << layer;
+    } else {  // the partial sums that entered the all-reduce, which a write does not change
+      for (size_t r = 0; r < 2; ++r)
+        EXPECT_EQ(after_write[r].f32, fresh[r].f32) << name(s) << " layer " << layer;
+    }
+    ++checked;
+  });
+  EXPECT_EQ(checked, 3 * c.num_hidden_layers);
+}
 
 TEST_F(TraceGroup, ABugOnOneRankIsBlamedAtItsStageWithTheRankNamed) {
   const BugCase cases[] = {
