@@ -91,10 +91,9 @@ __global__ void f32_router_topk_softmax(const float* __restrict__ logits, int n_
 // butterfly, then + bias. The experts are spread over gridDim.y blocks at small batches (a row's
 // dot products on many multiprocessors instead of one); the last block of a row group to finish
 // (a ticket, counted with an atomic and reset by that block) reads the others' logits and takes
-// the decision: expert e's rank is the number of experts that rank before it (ranks_before, a
-// total order), the experts of ranks 0 .. k - 1 are the top k in order, and lane s of warp b
-// computes the softmax weight of row b's rank s -- the same selection, maximum, sum order and
-// weights as topk_softmax_row.
+// the decision: warp b takes row b's from the logits in shared memory with topk_softmax_row, the
+// one-warp kernel's selection (k rounds of a warp's arg-max under ranks_before), maximum, sum
+// order and weights.
 constexpr int kRouterThreads = 1024;
 constexpr int kRouterSpreadThreads = 128;  // blocks of the spread launch: 4 experts each
 constexpr int kRouterSpreadMaxRows = 16;   // batches up to this many rows spread their experts
@@ -160,26 +159,10 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
   }
   __syncthreads();
-  for (int i = int(threadIdx.x); i < nb * n_experts; i += int(blockDim.x)) {
-    const int b = i / n_experts, e = i % n_experts;
-    const float v = g[b][e];
-    int rank = 0;
-    for (int o = 0; o < n_experts; ++o) rank += ranks_before(g[b][o], o, v, e, n_experts) ? 1 : 0;
-    if (rank < k) sel_v[b][rank] = v, sel_e[b][rank] = e;
-  }
-  __syncthreads();
   if (warp >= nb) return;
   const int b = warp;
-  float m = sel_v[b][0];
-  for (int s = 1; s < k; ++s) m = m < sel_v[b][s] ? sel_v[b][s] : m;  // std::max
-  // Lane s's exponential, summed in rank order by every lane (k <= kMaxTopK <= warp size).
-  const float ex = lane < k ? expf(sel_v[b][lane] - m) : 0.0f;
-  float z = 0.0f;
-  for (int s = 0; s < k; ++s) z += __shfl(ex, s);
-  if (lane < k) {
-    idx[int64_t(r0 + b) * k + lane] = sel_e[b][lane];
-    w[int64_t(r0 + b) * k + lane] = ex / z;
-  }
+  topk_softmax_row(g[b], n_experts, k, true, idx + int64_t(r0 + b) * k, w + int64_t(r0 + b) * k,
+                   sel_v[b], sel_e[b], lane);
 }
 
 // The fused router's launch: small steps take a block per row and a few experts (the row's
