@@ -190,10 +190,10 @@ void launch_f32_attention_decode(const AttentionShape& a, const KvCacheView& kv,
 // bits either way and in every tiling -- alone, in a prefill chunk's query tiles, or with any
 // other rows -- so where attention_mma_fuses holds (device/kernel_types.h: the bf16 precision,
 // head_dim 16, 32 or 64, at most 8 heads per KV head; the cache then BF16) it is every step's
-// attention and a request's tokens do not depend on
-// its batch. out (B, nH d) and its split as launch_f32_attention_pv writes them; `scores` (not
-// null in a traced step) also receives the scores as launch_f32_attention_scores lays them out,
-// from which the softmax stage's kernel computes att.
+// attention and a request's tokens do not depend on its batch. out (B, nH d) and its split as
+// launch_f32_attention_pv writes them; `scores` (not null in a traced step) also receives the
+// scores as launch_f32_attention_scores lays them out, from which the softmax stage's kernel
+// computes att. The cache must be BF16 (kv.dtype).
 bool attention_mma_splits(const AttentionShape& a, int batch, int max_pos, size_t workspace_floats,
                           const QueryTiles& tiles = {});
 void launch_bf16_attention_mma(const AttentionShape& a, const KvCacheView& kv, const StepRow* rows,
