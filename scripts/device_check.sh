@@ -8,7 +8,7 @@
 # Usage: scripts/device_check.sh [STEP...]
 #   STEP: build tests sanitize tiny hf 20b 20b-real replay-cost bench engine engine-bench
 #         hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench
-#         tensor-parallel stalls (default: all but the last eight)
+#         tensor-parallel stalls profile ab (default: all but the last ten)
 # Environment: GPU=cuda|hip (default cuda), BUILD_DIR (build-device), LOG_DIR (device-logs, or
 # $OUT when set), MODELS_DIR (where the 20b checkpoint is written; default /tmp/parity-models),
 # PRECISION (fp32 or bf16: the device's --precision for tiny, hf, 20b, 20b-real, bench,
@@ -491,13 +491,138 @@ step_stalls() {
   done
 }
 
+# The tree against itself with each of AB_PATCHES applied (patch -p1 files, relative to the
+# repository root; each tree under AB_DIR, default exp/<patch name>), built side by side (run,
+# parity-bench, parity-synth) and run in turn, AB_ROUNDS rounds (default 2), on the synthetic 20b:
+# batch-1 decode in both precisions (parity-bench), one request and 64 requests (bf16), 4 requests
+# at batch 2 (fp32: the experts' pair mode), and with AB_SERVING=N the ShareGPT-shaped mix of N
+# requests and 128 prefill-heavy ones (bf16; scripts/bench_requests.py); then which trees' tokens
+# differ from the tree's, and the kernels of a batch-1 decode step of each tree under ncu
+# (LOG_DIR/ab-<tree>.csv, summed by scripts/kernel_profile.py). Speed only: a patch that wins is
+# then applied and checked by the tests and sanitize steps.
+step_ab() {
+  [ -n "${AB_PATCHES:-}" ] || { echo "ab: AB_PATCHES names no patch"; return 1; }
+  local root trees=(base) dirs=(.) p name
+  root="$(pwd)"
+  for p in $AB_PATCHES; do
+    name="$(basename "$p" .patch)"
+    rm -rf "${AB_DIR:-exp}/$name" && mkdir -p "${AB_DIR:-exp}/$name"
+    tar --exclude=./exp --exclude="./${AB_DIR:-exp}" --exclude='./build*' --exclude=./device-logs -cf - . |
+      tar -xf - -C "${AB_DIR:-exp}/$name"
+    (cd "${AB_DIR:-exp}/$name" && patch -p1 -s <"$root/$p") || { echo "ab: $p does not apply"; return 1; }
+    trees+=("$name") dirs+=("${AB_DIR:-exp}/$name")
+  done
+  local arch_flag=-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a}" jobs=$((JOBS / ${#trees[@]})) i
+  [ "$jobs" -ge 1 ] || jobs=1
+  for i in "${!trees[@]}"; do
+    (cd "${dirs[$i]}" && cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPU="$GPU" \
+      -DPARITY_WERROR=ON "$arch_flag" >/dev/null &&
+      cmake --build "$BUILD_DIR" -j"$jobs" --target run parity-bench parity-synth) >"$LOG_DIR/ab-build-${trees[$i]}.log" 2>&1 &
+  done
+  local failed=0
+  for i in "${!trees[@]}"; do wait -n || failed=1; done
+  [ "$failed" = 0 ] || { echo "ab: a build failed"; tail -n 30 "$LOG_DIR"/ab-build-*.log; return 1; }
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged ab "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  local req="$LOG_DIR/requests" round b
+  mkdir -p "$req"
+  make_requests 64 20 400 "$req/mixed-64.txt"
+  head -n 1 "$req/mixed-64.txt" >"$req/mixed-1.txt"
+  head -n 4 "$req/mixed-64.txt" >"$req/mixed-4.txt"
+  local mixes=() m
+  if [ -n "${AB_SERVING:-}" ]; then
+    python3 scripts/bench_requests.py --mix sharegpt --count "$AB_SERVING" --out "$req/sharegpt.jsonl"
+    python3 scripts/bench_requests.py --mix prefill-heavy --count 128 --out "$req/prefill-heavy.jsonl"
+    mixes=(sharegpt prefill-heavy)
+  fi
+  for round in $(seq "${AB_ROUNDS:-2}"); do
+    for i in "${!trees[@]}"; do
+      b="${dirs[$i]}/$BUILD_DIR/bin"
+      for p in bf16 fp32; do
+        echo "== ${trees[$i]} $p batch 1, round $round" >>"$LOG_DIR/ab.log"
+        "$b/parity-bench" --model 20b --models-dir "$MODELS_DIR" --backend hip --precision "$p" \
+          --positions 128 --warmup 16 -q >>"$LOG_DIR/ab.log" 2>&1
+      done
+      [ "$round" = 1 ] || continue
+      local run=("$b/run" "$MODELS_DIR/20b" --backend hip -m getp --no-progress)
+      echo "== ${trees[$i]} bf16 1 request, 256 tokens" >>"$LOG_DIR/ab.log"
+      "${run[@]}" --precision bf16 -i "$req/mixed-1.txt" -o "$req/${trees[$i]}-1.txt" -n 256 \
+        --max-batch 1 >>"$LOG_DIR/ab.log" 2>&1
+      echo "== ${trees[$i]} bf16 64 requests, 128 tokens" >>"$LOG_DIR/ab.log"
+      "${run[@]}" --precision bf16 -i "$req/mixed-64.txt" -o "$req/${trees[$i]}-64.txt" -n 128 \
+        --max-batch 64 --step-tokens 2048 --context 4096 >>"$LOG_DIR/ab.log" 2>&1
+      echo "== ${trees[$i]} fp32 4 requests at batch 2, 64 tokens" >>"$LOG_DIR/ab.log"
+      "${run[@]}" --precision fp32 -i "$req/mixed-4.txt" -o "$req/${trees[$i]}-4.txt" -n 64 \
+        --max-batch 2 >>"$LOG_DIR/ab.log" 2>&1
+      for m in "${mixes[@]}"; do
+        echo "== ${trees[$i]} bf16 $m" >>"$LOG_DIR/ab.log"
+        "${run[@]}" --precision bf16 -i "$req/$m.jsonl" -o "$req/${trees[$i]}-$m.txt" \
+          --context 4224 >>"$LOG_DIR/ab.log" 2>&1
+      done
+    done
+  done
+  for i in "${!trees[@]}"; do
+    [ "$i" = 0 ] && continue
+    for n in 1 64 4 "${mixes[@]}"; do
+      cmp -s "$req/base-$n.txt" "$req/${trees[$i]}-$n.txt" ||
+        echo "ab: ${trees[$i]}'s tokens differ from the tree's ($n requests)" | tee -a "$LOG_DIR/ab.log"
+    done
+  done
+  if command -v ncu >/dev/null; then
+    local metrics=gpu__time_duration.sum,dram__bytes_read.sum,smsp__inst_executed.sum,launch__grid_size
+    metrics+=,launch__registers_per_thread
+    for i in "${!trees[@]}"; do
+      # shellcheck disable=SC2086
+      PARITY_DEVICE_GRAPHS=0 timeout 300 ncu --clock-control none --csv --print-units base --metrics "$metrics" \
+        "${dirs[$i]}/$BUILD_DIR/bin/run" "$MODELS_DIR/20b" --backend hip --precision bf16 -m getp --no-progress \
+        -i "$req/mixed-1.txt" -o "$req/ncu-out.txt" -n 3 --max-batch 1 >"$LOG_DIR/ab-${trees[$i]}.csv" 2>/dev/null || true
+      python3 scripts/kernel_profile.py "$LOG_DIR/ab-${trees[$i]}.csv" >"$LOG_DIR/ab-${trees[$i]}-step.txt" 2>&1 || true
+      echo "== ${trees[$i]}: $(head -n 1 "$LOG_DIR/ab-${trees[$i]}-step.txt")" >>"$LOG_DIR/ab.log"
+    done
+  fi
+  grep -E "^== |^median|^run: [0-9]|^ab:" "$LOG_DIR/ab.log"
+}
+
+# Every kernel of a few decode steps under Nsight Compute with a handful of metrics (its duration
+# without launch gaps, DRAM and L2 bytes, instructions issued, grid, registers), graphs off so
+# that each launch is its own: one request, and 64 requests, each through its prefill and
+# PROFILE_STEPS (default 4) generated tokens; LOG_DIR/profile-<case>.csv (ncu's raw CSV, a row
+# per kernel and metric), which scripts/kernel_profile.py sums by kernel for one step. Also the
+# machine code of the expert and projection kernels (LOG_DIR/sass-moe.txt.gz).
+step_profile() {
+  command -v ncu >/dev/null || { echo "profile: no ncu here"; return 0; }
+  [ -f "$MODELS_DIR/20b/config.json" ] || logged profile "$bin/parity-synth" --preset 20b "${synth_tokenizer[@]}" --out "$MODELS_DIR/20b"
+  local req="$LOG_DIR/requests" run=("$bin/run" "$MODELS_DIR/20b" --backend hip "${prec[@]}" -m getp --no-progress)
+  mkdir -p "$req"
+  make_requests 64 20 100 "$req/short-64.txt"  # prefill in a few steps, then 64-row decode steps
+  head -n 1 "$req/short-64.txt" >"$req/short-1.txt"
+  local metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
+  metrics+=,smsp__inst_executed.sum,launch__grid_size,launch__registers_per_thread
+  local cases=("batch-1|-i $req/short-1.txt --max-batch 1" "batch-64|-i $req/short-64.txt --max-batch 64")
+  local c name args
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name args <<<"$c"
+    set +e
+    # shellcheck disable=SC2086
+    PARITY_DEVICE_GRAPHS=0 timeout 420 ncu --clock-control none --csv --print-units base \
+      --metrics "$metrics" "${run[@]}" $args -n "${PROFILE_STEPS:-4}" --step-tokens 2048 --context 4096 \
+      -o "$req/out-profile.txt" >"$LOG_DIR/profile-$name.csv" 2>"$LOG_DIR/profile-$name.err"
+    echo "== profile $name: ncu exit $?, $(grep -c gpu__time_duration "$LOG_DIR/profile-$name.csv") kernels" |
+      tee -a "$LOG_DIR/profile.log"
+    set -e
+  done
+  if command -v cuobjdump >/dev/null; then
+    cuobjdump -sass "$bin/run" 2>/dev/null | awk '/Function : /{keep = ($0 ~ /moe_mma|moe_wgmma|bf16w_mma|bf16w_wgmma/)} keep' |
+      gzip -9 >"$LOG_DIR/sass-moe.txt.gz" || true
+  fi
+}
+
 for s in "${steps[@]}"; do
   case "$s" in
     build | tests | sanitize | tiny | hf | 20b | 20b-real | replay-cost | bench | engine | engine-bench | \
       hf-generate | engine-gpus | hf-capture | long-pos | precision-bench | serving-bench | \
-      tensor-parallel | stalls) "step_$s" ;;
+      tensor-parallel | stalls | profile | ab) "step_$s" ;;
     *) echo "unknown step $s (build tests sanitize tiny hf 20b 20b-real replay-cost bench engine"\
          "engine-bench hf-generate engine-gpus hf-capture long-pos precision-bench serving-bench"\
-         "tensor-parallel stalls)"; exit 2 ;;
+         "tensor-parallel stalls profile ab)"; exit 2 ;;
   esac
 done
