@@ -20,6 +20,7 @@
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
+using test::as_float;
 
 constexpr int kTokens = 5;
 const int32_t kTokenIds[kTokens] = {7, 1, 500, 3, 42};
@@ -49,12 +50,6 @@ const Collector& reference_rows() {
     return c;
   }();
   return rows;
-}
-
-std::vector<float> as_float(const StageData& d) {
-  std::vector<float> v(d.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = float(d.at(i));
-  return v;
 }
 
 struct CaptureFile {

@@ -17,14 +17,10 @@
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
+using test::read_json;
 
 // 20 positions: past twice the tiny model's sliding window of 8.
 const std::string kTokens = "1,17,300,42,999,5,77,128,256,3,1000,64,9,511,22,700,31,8,123,900";
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
 
 // naive_port's capture of the tiny model on kTokens (with `bug`, or none).
 std::string naive_capture(const std::string& dir, const std::string& bug = "") {

@@ -27,6 +27,8 @@
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
+using test::expect_prompt_refusal;
+using test::nested_arrays;
 using nlohmann::json;
 
 // The hub config.json of openai/gpt-oss-20b (spec section 1), in hub form.
@@ -478,12 +480,6 @@ TEST(ConfigErrors, RopeProblems) {
 
 // ---- Untrusted JSON ----------------------------------------------------------------------------
 
-// `depth` nested arrays around 1: deep enough to overflow the stack of a recursive parser,
-// dumper or comparison.
-std::string nested_arrays(int depth) {
-  return std::string(size_t(depth), '[') + "1" + std::string(size_t(depth), ']');
-}
-
 TEST(ConfigErrors, DeepNestingIsRefusedNotRecursed) {
   const std::string hub = hub_20b().dump();
   const std::string deep = nested_arrays(100000);
@@ -636,35 +632,6 @@ TEST(Config, TheBoundsAdmitEveryRealConfig) {
 }
 
 // ---- Special files -----------------------------------------------------------------------------
-
-// Runs `load`, which must throw a parity::Error naming `path` with every fragment, on another
-// thread, and fails if it has not returned within 5 s: a reader blocked on the FIFO `fifo` (""
-// when `path` is no FIFO). Then it opens the FIFO for writing and closes it, so the blocked
-// reader sees end of file and the test ends rather than hanging until ctest's timeout.
-void expect_prompt_refusal(const std::function<void()>& load, const std::string& fifo,
-                           const std::string& path, std::initializer_list<std::string> fragments) {
-  auto result = std::async(std::launch::async, [&]() -> std::string {
-    try {
-      load();
-      return "accepted";
-    } catch (const Error& e) {
-      return std::string("error: ") + e.what();
-    }
-  });
-  if (result.wait_for(std::chrono::seconds(5)) == std::future_status::timeout) {
-    ADD_FAILURE() << "still blocked after 5 s on " << path;
-    // ENXIO until the reader's open() is under way; a few tries cover that race.
-    for (int i = 0; !fifo.empty() && i < 500 &&
-                    result.wait_for(std::chrono::milliseconds(10)) == std::future_status::timeout;
-         ++i) {
-      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  const std::string got = result.get();
-  ASSERT_EQ(got.rfind("error: ", 0), 0u) << got;
-  test::expect_message(got, path, fragments);
-}
 
 TEST(ConfigErrors, SpecialFilesAreRefusedPromptly) {
   {

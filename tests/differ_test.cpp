@@ -28,6 +28,8 @@
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
+using test::expect_error;
+using test::TempDir;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -83,34 +85,6 @@ void write_trace(const std::string& path, const Config& c, const TraceMeta& meta
   for (const Row& r : rows)
     w.record({r.position, r.layer, r.stage, execution_order(c, r.layer, r.stage)}, r.data);
   w.finish();
-}
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / fmt::format("parity-differ-test-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-template <typename F>
-void expect_error(F&& body, std::initializer_list<std::string> parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected parity::Error";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
 }
 
 // The per-element bound atol + rtol |b| of a fixed tolerance.

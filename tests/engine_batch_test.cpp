@@ -13,11 +13,7 @@
 
 namespace parity {
 namespace {
-
-const Model& tiny_model() {
-  static std::unique_ptr<Model> m = Model::load(test::tiny_model_dir());
-  return *m;
-}
+using test::tiny_model;
 
 std::unique_ptr<Backend> backend(const std::string& name) {
   return make_backend(name, tiny_model());

@@ -22,13 +22,9 @@
 
 namespace parity {
 namespace {
+using test::tiny_model;
 
 #ifdef PARITY_HAVE_DEVICE_ENGINE
-
-const Model& tiny_model() {
-  static std::unique_ptr<Model> m = Model::load(test::tiny_model_dir());
-  return *m;
-}
 
 std::vector<EngineRequest> requests(int count) {
   std::vector<EngineRequest> r;

@@ -16,11 +16,7 @@
 
 namespace parity {
 namespace {
-
-const Model& tiny_model() {
-  static std::unique_ptr<Model> m = Model::load(test::tiny_model_dir());
-  return *m;
-}
+using test::tiny_model;
 
 // Many short and a few long prompts, with assorted output lengths through max_tokens.
 std::vector<EngineRequest> mixed_requests(int count) {

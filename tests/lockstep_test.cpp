@@ -19,6 +19,7 @@
 
 namespace parity {
 namespace {
+using test::as_float;
 
 // Every recorded row, by (series, position, layer, stage).
 struct Rows : Observer {
@@ -38,12 +39,6 @@ struct Rows : Observer {
     return rows.contains({s, pos, layer, st});
   }
 };
-
-std::vector<float> as_float(const StageData& d) {
-  std::vector<float> v(d.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = float(d.at(i));
-  return v;
-}
 
 std::vector<int32_t> prompt(int n, int vocab) {
   std::vector<int32_t> t;

@@ -18,14 +18,10 @@
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
+using test::read_json;
 
 // 20 positions: past twice the tiny model's sliding window of 8.
 const char* kTokens = "1,17,300,42,999,5,77,128,256,3,1000,64,9,511,22,700,31,8,123,900";
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
 
 // The candidates traced end to end: the CPU float32 control everywhere, the device backend in its
 // two precisions where this build has one and a GPU is present (the same assertions, not weaker

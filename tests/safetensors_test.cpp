@@ -34,6 +34,8 @@
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
+using test::expect_prompt_refusal;
+using test::nested_arrays;
 using nlohmann::json;
 
 std::string le64(uint64_t n) {
@@ -437,12 +439,6 @@ TEST(SafetensorsErrors, OverlappingOffsets) {
 
 // ---- Untrusted headers ------------------------------------------------------------------------
 
-// `depth` nested arrays around 1: deep enough to overflow the stack of a recursive parser,
-// dumper or comparison.
-std::string nested_arrays(int depth) {
-  return std::string(size_t(depth), '[') + "1" + std::string(size_t(depth), ']');
-}
-
 // A header of one U8 [1] tensor "w" whose `field` is written as `value` (raw JSON text).
 std::string header_with(const std::string& field, const std::string& value) {
   json fields = {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {0, 1}}};
@@ -519,35 +515,6 @@ TEST(SafetensorsErrors, HeaderLengthOverTheCapInALongEnoughFile) {
 }
 
 // ---- Special files and paths -------------------------------------------------------------------
-
-// Runs `load`, which must throw a parity::Error naming `where` with every fragment, on another
-// thread, and fails if it has not returned within 5 s: a reader blocked on the FIFO `fifo` (""
-// when none is involved). Then it opens the FIFO for writing and closes it, so the blocked
-// reader sees end of file and the test ends rather than hanging until ctest's timeout.
-void expect_prompt_refusal(const std::function<void()>& load, const std::string& fifo,
-                           const std::string& where, std::initializer_list<std::string> fragments) {
-  auto result = std::async(std::launch::async, [&]() -> std::string {
-    try {
-      load();
-      return "accepted";
-    } catch (const Error& e) {
-      return std::string("error: ") + e.what();
-    }
-  });
-  if (result.wait_for(std::chrono::seconds(5)) == std::future_status::timeout) {
-    ADD_FAILURE() << "still blocked after 5 s (" << where << ")";
-    // ENXIO until the reader's open() is under way; a few tries cover that race.
-    for (int i = 0; !fifo.empty() && i < 500 &&
-                    result.wait_for(std::chrono::milliseconds(10)) == std::future_status::timeout;
-         ++i) {
-      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  const std::string got = result.get();
-  ASSERT_EQ(got.rfind("error: ", 0), 0u) << got;
-  test::expect_message(got, where, fragments);
-}
 
 std::string make_fifo(const std::string& path) {
   EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path << ": " << std::strerror(errno);

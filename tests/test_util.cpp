@@ -1,15 +1,19 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <future>
 #include <mutex>
 #include <vector>
 
@@ -65,6 +69,68 @@ std::string temp_dir(const std::string& tag) {
   fs::create_directories(p);
   created().push_back(p.string());
   return p.string();
+}
+
+TempDir::TempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  path_ = fs::temp_directory_path() / ("parity-test-tmp-" + tag + "-" + std::to_string(::getpid()) +
+                                       "-" + std::to_string(counter++));
+  fs::remove_all(path_);
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+size_t TempDir::count() const {
+  return size_t(std::distance(fs::directory_iterator(path_), fs::directory_iterator()));
+}
+
+void expect_prompt_refusal(const std::function<void()>& load, const std::string& fifo,
+                           const std::string& where, std::initializer_list<std::string> fragments) {
+  auto result = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      load();
+      return "accepted";
+    } catch (const Error& e) {
+      return std::string("error: ") + e.what();
+    }
+  });
+  if (result.wait_for(std::chrono::seconds(5)) == std::future_status::timeout) {
+    ADD_FAILURE() << "still blocked after 5 s (" << where << ")";
+    // ENXIO until the reader's open() is under way; a few tries cover that race.
+    for (int i = 0; !fifo.empty() && i < 500 &&
+                    result.wait_for(std::chrono::milliseconds(10)) == std::future_status::timeout;
+         ++i) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  const std::string got = result.get();
+  ASSERT_EQ(got.rfind("error: ", 0), 0u) << got;
+  expect_message(got, where, fragments);
+}
+
+std::string nested_arrays(int depth) {
+  return std::string(size_t(depth), '[') + "1" + std::string(size_t(depth), ']');
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+std::vector<float> as_float(const StageData& d) {
+  std::vector<float> v(d.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(d.at(i));
+  return v;
+}
+
+const Model& tiny_model() {
+  static std::unique_ptr<Model> m = Model::load(tiny_model_dir());
+  return *m;
 }
 
 const std::string& tiny_model_dir() {

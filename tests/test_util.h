@@ -1,13 +1,21 @@
 // Shared helpers for the test binary: a process-wide tiny synthetic model, temp directories,
 // and running the built tools.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "model/backend.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/error.h"
 
 namespace parity::test {
 
@@ -17,8 +25,56 @@ Config small_config(int hidden = 8);
 // Directory of the tiny preset, synthesized once per test process into a temp directory.
 const std::string& tiny_model_dir();
 
+// The tiny preset loaded once per test process (tiny_model_dir()).
+const Model& tiny_model();
+
 // A fresh empty directory under the system temp dir, removed at process exit.
 std::string temp_dir(const std::string& tag);
+
+// A fresh empty directory under the system temp dir (parity-test-tmp-<tag>-<pid>-<n>), removed
+// with the object: for tests that count what is left in it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "dir");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  size_t count() const;  // the entries in it
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Expects body to throw parity::Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& body, std::initializer_list<std::string> parts) {
+  try {
+    body();
+    ADD_FAILURE() << "expected parity::Error";
+  } catch (const Error& e) {
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+// Runs `load`, which must throw a parity::Error naming `where` with every fragment
+// (expect_message), on another thread, and fails if it has not returned within 5 s: a reader
+// blocked on the FIFO `fifo` ("" when the file is no FIFO). Then it opens the FIFO for writing and
+// closes it, so the blocked reader sees end of file and the test ends rather than hanging until
+// ctest's timeout.
+void expect_prompt_refusal(const std::function<void()>& load, const std::string& fifo,
+                           const std::string& where, std::initializer_list<std::string> fragments);
+
+// `depth` nested arrays around 1: deep enough to overflow the stack of a recursive parser,
+// dumper or comparison.
+std::string nested_arrays(int depth);
+
+// A JSON file parsed.
+nlohmann::json read_json(const std::filesystem::path& p);
+
+// A stage's values as float.
+std::vector<float> as_float(const StageData& d);
 
 // Why candidate backend `name` cannot run in this build and on this machine ("hip" without a
 // device backend or a GPU), or "" when it can: the reason a device test skips with.

@@ -35,6 +35,8 @@
 namespace parity {
 namespace {
 namespace fs = std::filesystem;
+using test::expect_error;
+using test::TempDir;
 
 Config small_config() { return test::small_config(); }
 
@@ -71,38 +73,6 @@ StageData make_row(const Config& c, Stage s, int pos, StageData::Type type, doub
 
 StageKey key(const Config& c, int pos, int layer, Stage s) {
   return {pos, layer, s, execution_order(c, layer, s)};
-}
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / fmt::format("parity-trace-test-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  size_t count() const {
-    return size_t(std::distance(fs::directory_iterator(path_), fs::directory_iterator()));
-  }
-
- private:
-  fs::path path_;
-};
-
-// Expects body to throw parity::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& body, std::initializer_list<std::string> parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected parity::Error";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
 }
 
 TEST(TraceFile, DatasetPaths) {
