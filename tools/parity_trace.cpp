@@ -155,6 +155,21 @@ std::vector<std::string> with_reports(std::vector<std::string> traces) {
   return traces;
 }
 
+// What a run prints once its reports are written: the verdict, the run's extra lines, where the
+// traces (`traces`, as the run names them) and the reports in `out` are, and a `next` line when
+// given; every name escaped as untrusted text.
+void print_outcome(const DiffResult& result, const std::string& extra, const std::string& traces,
+                   const std::string& out, const std::string& next = "") {
+  const fs::path dir(out);
+  std::cout << verdict_line(result) << "\n"
+            << shown(extra)
+            << shown(fmt::format("traces: {}\nreports: {} (text), {} (JSON), {} (JUnit), {} (HTML)\n",
+                                 traces, (dir / "report.txt").string(),
+                                 (dir / "report.json").string(), (dir / "report.xml").string(),
+                                 (dir / "report.html").string()))
+            << (next.empty() ? "" : shown("next: " + next + "\n"));
+}
+
 // parity-trace --candidate-trace FILE: the reference on the capture's tokens and, from the
 // capture's own inputs, every stage it recorded (model/recompute.h); then the diff, each stage
 // judged by its local error where the capture holds its inputs.
@@ -236,15 +251,8 @@ int trace_capture(const TraceReader& capture, const std::string& model,
                  {"tokens", tokens}},
                 junit_path);
   files.keep();
-  const fs::path dir(out);
-  std::cout << verdict_line(result) << "\n"
-            << shown(extra)
-            << shown(fmt::format(
-                   "traces: {} (capture), {} (reference)\nreports: {} (text), {} (JSON), {} "
-                   "(JUnit), {} (HTML)\n",
-                   capture_path, ref_path.string(), (dir / "report.txt").string(),
-                   (dir / "report.json").string(), (dir / "report.xml").string(),
-                   (dir / "report.html").string()));
+  print_outcome(result, extra,
+                fmt::format("{} (capture), {} (reference)", capture_path, ref_path.string()), out);
   return result.diverged() ? kExitDiverged : kExitOk;
 }
 
@@ -326,13 +334,7 @@ int trace_skipping_prefix(const Model& m, Backend& cand, const std::vector<int32
   if (inj) json_extra["injected_fault"] = inj->str();
   write_reports(out, result, phases, extra, json_extra, junit_path);
   files.keep();
-  const fs::path dir(out);
-  std::cout << verdict_line(result) << "\n"
-            << shown(extra)
-            << fmt::format("traces: {}, {}\nreports: {} (text), {} (JSON), {} (JUnit), {} (HTML)\n",
-                           ref_path.string(), cand_path.string(), (dir / "report.txt").string(),
-                           (dir / "report.json").string(), (dir / "report.xml").string(),
-                           (dir / "report.html").string());
+  print_outcome(result, extra, fmt::format("{}, {}", ref_path.string(), cand_path.string()), out);
   return result.diverged() ? kExitDiverged : kExitOk;
 }
 
@@ -576,16 +578,11 @@ int trace_main(int argc, char** argv) {
     if (inj) json_extra["injected_fault"] = inj->str();
     write_reports(out, result, phases, extra, json_extra, junit_path);
     files.keep();
-
-    std::cout << verdict_line(result) << "\n" << shown(extra);
-    const fs::path dir(out);
-    std::cout << fmt::format(
-        "traces: {}, {}\nreports: {} (text), {} (JSON), {} (JUnit), {} (HTML)\n"
-        "next: open the HTML report; `parity-diff {} {} --judge accumulated` shows the drift; "
-        "--inject STAGE:LAYER proves the harness finds a fault there\n",
-        ref_path.string(), cand_path.string(), (dir / "report.txt").string(),
-        (dir / "report.json").string(), (dir / "report.xml").string(),
-        (dir / "report.html").string(), cand_path.string(), ref_path.string());
+    print_outcome(result, extra, fmt::format("{}, {}", ref_path.string(), cand_path.string()), out,
+                  fmt::format("open the HTML report; `parity-diff {} {} --judge accumulated` "
+                              "shows the drift; --inject STAGE:LAYER proves the harness finds a "
+                              "fault there",
+                              cand_path.string(), ref_path.string()));
     return result.diverged() ? kExitDiverged : kExitOk;
   };
   try {
