@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <thread>
+#include <vector>
 
 #include "engine/work_message.h"
 #include "model/error.h"
@@ -103,9 +104,10 @@ void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<En
   PARITY_CHECK(engine_every >= 1 && mpi.size() % engine_every == 0,
                "MPI: engines on every {}th of {} ranks", engine_every, mpi.size());
   per_rank.assign(size_t(mpi.size()), EngineStats{});
-  std::atomic<bool> local_done = false;
+  std::atomic<bool> local_done = false, local_go = false;
   std::exception_ptr local_error;
   std::thread engine([&] {
+    while (!local_go) std::this_thread::sleep_for(std::chrono::microseconds(50));
     try {
       per_rank[0] = local();
     } catch (...) {
@@ -114,12 +116,16 @@ void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<En
     local_done = true;
   });
   int active = mpi.size() / engine_every - 1;  // the other ranks with an engine
-  auto last_poll = std::chrono::steady_clock::now();
+  std::vector<bool> asked(size_t(mpi.size()), false);
+  int first_asks = active;  // engines yet to ask for their first request
+  const auto start = std::chrono::steady_clock::now();
+  auto last_poll = start;
   while (active > 0 || !local_done) {
     int flag = 0;
     MPI_Status status;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &status);
     const auto now = std::chrono::steady_clock::now();
+    if (!local_go && (first_asks == 0 || now - start > kFirstAskWait)) local_go = true;
     if (poll && now - last_poll > std::chrono::milliseconds(200)) {
       poll();
       last_poll = now;
@@ -131,6 +137,10 @@ void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<En
     const std::string bytes = receive(status);
     switch (status.MPI_TAG) {
       case kAsk:
+        if (!asked[size_t(status.MPI_SOURCE)]) {
+          asked[size_t(status.MPI_SOURCE)] = true;
+          --first_asks;
+        }
         if (std::optional<WorkItem> item = queue.next())
           send(encode_work_item(*item), status.MPI_SOURCE, kItem);
         else
@@ -144,6 +154,10 @@ void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<En
       case kStats:
         per_rank[size_t(status.MPI_SOURCE)] = decode_work_stats(bytes);
         --active;
+        if (!asked[size_t(status.MPI_SOURCE)]) {  // ended without asking: it takes no work
+          asked[size_t(status.MPI_SOURCE)] = true;
+          --first_asks;
+        }
         break;
       default:
         fail("MPI: unknown tag {} from rank {}", status.MPI_TAG, status.MPI_SOURCE);

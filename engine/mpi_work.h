@@ -7,6 +7,7 @@
 // memory. With tensor-parallel groups of MPI ranks (engine/mpi_group.h) only the groups' leaders
 // take requests, and a leader's engine thread broadcasts to its group (MPI_THREAD_MULTIPLE).
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 
@@ -47,8 +48,12 @@ class MpiSession {
 // Rank 0: serves `queue` to the other ranks while `local` (rank 0's own engine run, on a thread
 // of its own) pulls from it too; returns when every rank that runs an engine (every
 // `engine_every`-th: the leaders of tensor-parallel groups of that size) has reported its end,
-// with their stats in `per_rank` (index = rank; empty for the others). `poll` (may be empty) is
+// with their stats in `per_rank` (index = rank; empty for the others). The local engine starts
+// once every other engine has asked for its first request (or kFirstAskWait has passed), so
+// that each starts with work while there is work to go round: rank 0's engine, which loads no
+// later than the others ask, would otherwise take a short queue whole. `poll` (may be empty) is
 // called on this thread between messages (progress display).
+inline constexpr std::chrono::seconds kFirstAskWait{30};
 void serve_work(const MpiSession& mpi, LocalQueue& queue, const std::function<EngineStats()>& local,
                 std::vector<EngineStats>& per_rank, const std::function<void()>& poll,
                 int engine_every = 1);
